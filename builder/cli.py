@@ -1,0 +1,204 @@
+"""The ``sparkbuild`` command. Thin: builds one frozen Options and calls a stage."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any, TypeVar
+
+import click
+
+from builder import __version__, build, log, model, pipeline, plan, publish, verify
+from builder.errors import ConfigError, FatalError, VerifyError
+from builder.options import Options
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def selection(func: F) -> F:
+    """The options every matrix-reading command shares."""
+    func = click.option("--matrix", type=click.Path(path_type=Path), help="Matrix file (default: matrix.yaml).")(func)
+    func = click.option("--only", multiple=True, metavar="GLOB", help="Only targets whose id matches (repeatable).")(func)
+    func = click.option("--profile", type=click.Choice(["local", "spark"]), help="Only targets of this profile.")(func)
+    func = click.option("--date", metavar="YYYYMMDD", help="Date for readable tags (default: today, UTC).")(func)
+    return func
+
+
+def make_options(**kwargs: Any) -> Options:
+    only = kwargs.pop("only", ())
+    return Options.from_env(only=tuple(only) or None, **kwargs)
+
+
+def emit_json(data: object) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="sparkbuild")
+def cli() -> None:
+    """Build, patch, verify and publish vLLM images for the NVIDIA DGX Spark."""
+
+
+@cli.command("plan")
+@selection
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+def plan_cmd(as_json: bool, **kwargs: Any) -> None:
+    """Print targets, their build steps and image tags. No Docker, no network."""
+    plans = plan.make(make_options(**kwargs))
+    if as_json:
+        emit_json([p.to_json() for p in plans])
+        return
+    for p in plans:
+        click.echo(f"{p.id}  ({p.target.profile}, {p.target.platform})")
+        click.echo(f"  vllm:    {p.target.vllm.kind} {p.target.vllm.spec}")
+        click.echo(f"  torch:   {p.target.torch}   cuda: {p.target.cuda or 'none'}   arch: {p.target.arch_list}")
+        click.echo(f"  base:    {p.base_ref}")
+        click.echo(f"  patches: {', '.join(p.target.patches) or 'none'}")
+        click.echo(f"  steps:   {' -> '.join(p.steps)}")
+        click.echo(f"  image:   {p.repository}:{p.content_tag}")
+        click.echo(f"  tags:    {', '.join(p.tags)}")
+
+
+@cli.command("render")
+@selection
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("sparkbuild-out/render"), show_default=True)
+def render_cmd(out_dir: Path, **kwargs: Any) -> None:
+    """Write each target's Dockerfile and build context files to OUT/<target>/."""
+    for p in plan.make(make_options(**kwargs)):
+        folder = build.write_context(p, out_dir / p.id)
+        click.echo(f"{p.id}: {folder / 'Dockerfile'}")
+
+
+@cli.command("build")
+@selection
+def build_cmd(**kwargs: Any) -> None:
+    """Build the images of the selected targets (no verify, no publish)."""
+    from builder.engine import Engine
+
+    opts = make_options(**kwargs)
+    engine = Engine()
+    for p in plan.make(opts):
+        click.echo(build.build(engine, p, opts))
+
+
+@cli.command("model")
+@click.argument("name", type=click.Choice(sorted(model.RECIPES)))
+def model_cmd(name: str) -> None:
+    """Make (or find in the cache) a check model and print its folder."""
+    click.echo(model.ensure(Options.from_env().cache, name))
+
+
+@cli.command("verify")
+@click.argument("image")
+@click.option(
+    "--model",
+    "model_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Serve this model folder instead of the check's own.",
+)
+@click.option("--check", "check_name", help="Check to run (default: the one of the image's target).")
+@click.option("--matrix", type=click.Path(path_type=Path))
+@click.option(
+    "--result", type=click.Path(path_type=Path), help="Result JSON file (default: sparkbuild-out/<target>/verify.json)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def verify_cmd(
+    image: str, model_dir: Path | None, check_name: str | None, matrix: Path | None, result: Path | None, as_json: bool
+) -> None:
+    """Serve IMAGE, check its known answers and measure its speed."""
+    from builder import matrix as matrix_mod
+    from builder.engine import Engine
+
+    opts = make_options(matrix=matrix)
+    engine = Engine()
+    target_id = engine.inspect(image)["Config"].get("Labels", {}).get("io.sparkbuild.target")
+    checks = {t.check.name: t.check for t in matrix_mod.load(opts.matrix).targets}
+    by_target = {t.id: t.check for t in matrix_mod.load(opts.matrix).targets}
+    if check_name is not None:
+        if check_name not in checks:
+            raise ConfigError(f"{opts.matrix}: no check '{check_name}'; known: {', '.join(checks)}")
+        check = checks[check_name]
+    elif target_id in by_target:
+        check = by_target[target_id]
+    else:
+        raise ConfigError(f"{image} names no target of {opts.matrix} (label io.sparkbuild.target={target_id}); pass --check NAME")
+    folder = model_dir or model.ensure(opts.cache, check.model)
+    out = result or opts.out / (target_id or "image") / "verify.json"
+    try:
+        res = verify.verify(engine, image, check, folder, out)
+    except VerifyError:
+        if as_json and out.is_file():
+            click.echo(out.read_text())
+        raise
+    if as_json:
+        emit_json(res.to_json())
+    else:
+        click.echo(f"{image}: {pipeline.verify_cell(res)}; result in {out}")
+
+
+@cli.command("publish")
+@selection
+@click.option("--registry", help="host:port of the registry (default: SPARKBUILD_REGISTRY, else an embedded one).")
+@click.option("--unverified", is_flag=True, help="Publish without a passing verify result.")
+def publish_cmd(registry: str | None, unverified: bool, **kwargs: Any) -> None:
+    """Push built images by digest, check the digest, then move readable tags."""
+    from builder.engine import Engine
+
+    opts = make_options(registry=registry, **kwargs)
+    engine = Engine()
+    plans = plan.make(opts)
+    for p in plans:
+        require_verified(opts, p, unverified)
+    with pipeline.open_registry(opts) as reg:
+        for p in plans:
+            done = publish.push(engine, reg, p, build.local_ref(p))
+            click.echo(f"{p.id}: {done.reference} ({', '.join(done.tags)})")
+
+
+def require_verified(opts: Options, p: plan.TargetPlan, unverified: bool) -> None:
+    if unverified:
+        return
+    result = opts.out / p.id / "verify.json"
+    ok = result.is_file() and (data := json.loads(result.read_text())).get("ok") and data.get("image") == build.local_ref(p)
+    if not ok:
+        raise FatalError(
+            f"{build.local_ref(p)} has no passing verify result in {result}; run "
+            f"`sparkbuild verify {build.local_ref(p)}` first, or pass --unverified"
+        )
+
+
+@cli.command("nightly")
+@selection
+@click.option("--registry", help="host:port of the registry (default: SPARKBUILD_REGISTRY, else an embedded one).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary rows as JSON.")
+def nightly_cmd(registry: str | None, as_json: bool, **kwargs: Any) -> None:
+    """Plan, build, verify and publish every target; print a summary."""
+    runs = pipeline.nightly(make_options(registry=registry, **kwargs))
+    if as_json:
+        emit_json([r.row() for r in runs])
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    # Turn SIGTERM into an exception so `finally` blocks remove containers and stop the registry.
+    raise KeyboardInterrupt
+
+
+def main() -> None:
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        cli.main(standalone_mode=False)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except FatalError as exc:
+        log.error(str(exc))
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        log.error("interrupted")
+        sys.exit(130)

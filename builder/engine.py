@@ -1,0 +1,235 @@
+"""The one place that talks to the container engine.
+
+Builds go through the BuildKit CLI (``docker buildx build``, or ``DOCKER_BUILDKIT=1 docker build``
+with a pre-23 client that has BuildKit built in): the docker SDK only drives the legacy builder,
+which has no cache mounts and no secrets. Everything else (inspect, import, run, logs, tag, push)
+goes through the SDK.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+from docker.models.containers import Container as SdkContainer
+
+from builder import cmd, log
+from builder.errors import BuildError, EngineError, PublishError
+
+ENGINE_HELP = (
+    "start a Docker engine (on Debian: apt-get install docker.io, then "
+    "dockerd --bridge=none --iptables=false --ip-masq=false &) or point DOCKER_HOST at one"
+)
+
+
+@dataclass(frozen=True)
+class BuildCli:
+    """How to invoke BuildKit: the command prefix and the environment it needs."""
+
+    prefix: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+
+
+def find_build_cli(candidates: Sequence[str] | None = None) -> BuildCli:
+    """The first docker CLI that can drive BuildKit; ``SPARKBUILD_DOCKER_CLI`` picks one."""
+    chosen = os.environ.get("SPARKBUILD_DOCKER_CLI")
+    names = [chosen] if chosen else list(candidates or (shutil.which("docker") or "", "/usr/bin/docker"))
+    tried = []
+    for name in dict.fromkeys(n for n in names if n):
+        if not Path(name).exists() and shutil.which(name) is None:
+            tried.append(f"{name} (not found)")
+            continue
+        if _quiet([name, "buildx", "version"]):
+            return BuildCli(prefix=(name, "buildx", "build"), env=())
+        version = _client_version(name)
+        if version is not None and version < 23:
+            return BuildCli(prefix=(name, "build"), env=(("DOCKER_BUILDKIT", "1"),))
+        tried.append(f"{name} (client {version}, no buildx)")
+    raise EngineError(
+        f"no docker CLI that can run BuildKit builds: tried {', '.join(tried) or 'none'}; "
+        "install buildx (apt-get install docker-buildx) or Debian's docker.io client, "
+        "or set SPARKBUILD_DOCKER_CLI"
+    )
+
+
+def _quiet(args: list[str]) -> bool:
+    return subprocess.run(args, capture_output=True, check=False).returncode == 0
+
+
+def _client_version(name: str) -> int | None:
+    result = subprocess.run([name, "version", "--format", "{{.Client.Version}}"], capture_output=True, text=True, check=False)
+    head = result.stdout.strip().split(".")[0]
+    return int(head) if head.isdigit() else None
+
+
+class Container:
+    """A running container; ``Engine.run`` removes it on exit, whatever happens."""
+
+    def __init__(self, sdk: SdkContainer) -> None:
+        self._sdk = sdk
+
+    @property
+    def name(self) -> str:
+        return str(self._sdk.name)
+
+    def running(self) -> bool:
+        self._sdk.reload()
+        return self._sdk.status in ("created", "running")
+
+    def exit_code(self) -> int | None:
+        self._sdk.reload()
+        code = self._sdk.attrs.get("State", {}).get("ExitCode")
+        return None if self._sdk.status in ("created", "running") else int(code)
+
+    def logs(self, tail: int = 40) -> str:
+        data: bytes = self._sdk.logs(tail=tail)
+        return data.decode(errors="replace")
+
+
+class Engine:
+    def __init__(self) -> None:
+        try:
+            self.client = docker.from_env(timeout=600)
+            self.client.ping()
+        except docker.errors.DockerException as exc:
+            raise EngineError(f"no Docker engine answers ({exc}); {ENGINE_HELP}") from None
+        self._cli: BuildCli | None = None
+
+    @property
+    def cli(self) -> BuildCli:
+        if self._cli is None:
+            self._cli = find_build_cli()
+        return self._cli
+
+    # --- images ----------------------------------------------------------------------------
+
+    def image_exists(self, ref: str) -> bool:
+        try:
+            self.client.images.get(ref)
+        except docker.errors.ImageNotFound:
+            return False
+        return True
+
+    def inspect(self, ref: str) -> dict[str, Any]:
+        try:
+            attrs: dict[str, Any] = self.client.images.get(ref).attrs
+        except docker.errors.ImageNotFound:
+            raise EngineError(f"image {ref} is not in the engine; build or pull it first") from None
+        return attrs
+
+    def import_rootfs(self, root: Path, ref: str, platform: str) -> str:
+        """``docker import`` of a root file system folder, through the SDK."""
+        repository, tag = ref.rsplit(":", 1)
+        with tempfile.NamedTemporaryFile(suffix=".tar", dir=root.parent) as tar_file:
+            with tarfile.open(tar_file.name, "w") as tar:
+                tar.add(root, arcname=".")
+            log.info(f"+ docker import {tar_file.name} {ref}  (SDK, {platform})")
+            self.client.api.import_image_from_file(tar_file.name, repository=repository, tag=tag)
+        return str(self.inspect(ref)["Id"])
+
+    def build(
+        self,
+        *,
+        context: Path,
+        tag: str,
+        platform: str,
+        labels: Mapping[str, str],
+        build_args: Mapping[str, str],
+        secrets: Mapping[str, Path],
+        log_file: Path,
+    ) -> str:
+        """Build ``context/Dockerfile`` with BuildKit; returns the image id. Output goes to the log too."""
+        args: list[str] = [*self.cli.prefix, "--progress", "plain", "--network", "host", "--platform", platform, "--tag", tag]
+        if self.cli.prefix[-2:] == ("buildx", "build"):
+            args.append("--load")
+        for key, value in sorted(labels.items()):
+            args += ["--label", f"{key}={value}"]
+        for key, value in sorted(build_args.items()):
+            args += ["--build-arg", f"{key}={value}"]
+        for key, path in sorted(secrets.items()):
+            args += ["--secret", f"id={key},src={path}"]
+        args.append(str(context))
+        env = dict(self.cli.env)
+        log.info(cmd.show(args, env))
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        with log_file.open("w", encoding="utf-8") as sink:
+            proc = subprocess.Popen(args, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            assert proc.stdout is not None
+            tail: list[str] = []
+            for line in proc.stdout:
+                sink.write(line)
+                print(line, end="", flush=True)
+                tail = [*tail[-29:], line]
+            code = proc.wait()
+        if code != 0:
+            raise BuildError(f"build of {tag} failed (exit {code}); last lines:\n{''.join(tail)}full log: {log_file}")
+        return str(self.inspect(tag)["Id"])
+
+    def tag(self, source: str, repository: str, tag: str) -> None:
+        log.info(f"+ docker tag {source} {repository}:{tag}  (SDK)")
+        self.client.images.get(source).tag(repository, tag)
+
+    def push(self, repository: str, tag: str) -> str:
+        """Push through the SDK; returns the manifest digest the registry reported."""
+        log.info(f"+ docker push {repository}:{tag}  (SDK)")
+        digest = None
+        for event in self.client.api.push(repository, tag=tag, stream=True, decode=True):
+            if "error" in event:
+                raise PublishError(f"push of {repository}:{tag} failed: {event['error']}")
+            aux = event.get("aux") or {}
+            digest = aux.get("Digest", digest)
+        if digest is None:
+            raise PublishError(f"push of {repository}:{tag} reported no digest")
+        return str(digest)
+
+    # --- containers ------------------------------------------------------------------------
+
+    @contextmanager
+    def run(
+        self,
+        image: str,
+        command: Sequence[str],
+        *,
+        name: str,
+        mounts: Mapping[Path, str] = {},
+        environment: Mapping[str, str] = {},
+        shm_size: str = "1g",
+    ) -> Iterator[Container]:
+        """Start a detached container on the host network; always remove it on the way out."""
+        volumes = {str(src): {"bind": dst, "mode": "ro"} for src, dst in mounts.items()}
+        shown = ["docker", "run", "--detach", "--name", name, "--network", "host", "--shm-size", shm_size]
+        for src, dst in mounts.items():
+            shown += ["--volume", f"{src}:{dst}:ro"]
+        for key, value in environment.items():
+            shown += ["--env", f"{key}={value}"]
+        log.info(cmd.show([*shown, image, *command]) + "  (SDK)")
+        try:
+            sdk = self.client.containers.run(
+                image,
+                list(command),
+                name=name,
+                detach=True,
+                network_mode="host",
+                shm_size=shm_size,
+                volumes=volumes,
+                environment=dict(environment),
+            )
+        except docker.errors.APIError as exc:
+            raise EngineError(f"could not start a container from {image}: {exc.explanation}") from None
+        try:
+            yield Container(sdk)
+        finally:
+            log.info(f"+ docker rm --force {name}  (SDK)")
+            with contextlib.suppress(docker.errors.NotFound):  # already gone is what we wanted
+                sdk.remove(force=True)

