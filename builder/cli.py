@@ -55,7 +55,8 @@ def plan_cmd(as_json: bool, **kwargs: Any) -> None:
     for p in plans:
         click.echo(f"{p.id}  ({p.target.profile}, {p.target.platform})")
         click.echo(f"  vllm:    {p.target.vllm.kind} {p.target.vllm.spec}")
-        click.echo(f"  torch:   {p.target.torch}   cuda: {p.target.cuda or 'none'}   arch: {p.target.arch_list}")
+        arch = f"   arch: {p.target.arch_list}" if p.target.cuda else ""
+        click.echo(f"  torch:   {p.target.torch}   cuda: {p.target.cuda or 'none'}{arch}")
         click.echo(f"  base:    {p.base_ref}")
         click.echo(f"  patches: {', '.join(p.target.patches) or 'none'}")
         click.echo(f"  steps:   {' -> '.join(p.steps)}")
@@ -116,8 +117,9 @@ def verify_cmd(
     opts = make_options(matrix=matrix)
     engine = Engine()
     target_id = engine.inspect(image)["Config"].get("Labels", {}).get("io.sparkbuild.target")
-    checks = {t.check.name: t.check for t in matrix_mod.load(opts.matrix).targets}
-    by_target = {t.id: t.check for t in matrix_mod.load(opts.matrix).targets}
+    targets = matrix_mod.load(opts.matrix).targets
+    checks = {t.check.name: t.check for t in targets}
+    by_target = {t.id: t.check for t in targets}
     if check_name is not None:
         if check_name not in checks:
             raise ConfigError(f"{opts.matrix}: no check '{check_name}'; known: {', '.join(checks)}")
@@ -177,7 +179,7 @@ def require_verified(opts: Options, p: plan.TargetPlan, unverified: bool) -> Non
 @click.option("--json", "as_json", is_flag=True, help="Print the summary rows as JSON.")
 def nightly_cmd(registry: str | None, as_json: bool, **kwargs: Any) -> None:
     """Plan, build, verify and publish every target; print a summary."""
-    runs = pipeline.nightly(make_options(registry=registry, **kwargs))
+    runs = pipeline.nightly(make_options(registry=registry, **kwargs), table_to_stderr=as_json)
     if as_json:
         emit_json([r.row() for r in runs])
 

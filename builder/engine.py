@@ -163,10 +163,14 @@ class Engine:
         env = dict(self.cli.env)
         log.info(cmd.show(args, env))
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        with log_file.open("w", encoding="utf-8") as sink:
-            proc = subprocess.Popen(args, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        tail: list[str] = []
+        with (
+            log_file.open("w", encoding="utf-8") as sink,
+            subprocess.Popen(
+                args, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            ) as proc,
+        ):
             assert proc.stdout is not None
-            tail: list[str] = []
             for line in proc.stdout:
                 sink.write(line)
                 print(line, end="", flush=True)

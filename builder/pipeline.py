@@ -8,6 +8,7 @@ first stage: its readable tags move, nothing is built.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -132,8 +133,11 @@ def run_target(ctx: Context, run: TargetRun, stages: tuple[TargetStage, ...] = T
         run.seconds = time.monotonic() - start
 
 
-def nightly(opts: Options) -> list[TargetRun]:
-    """Plan, build, verify and publish every selected target; raise if any failed."""
+def nightly(opts: Options, *, table_to_stderr: bool = False) -> list[TargetRun]:
+    """Plan, build, verify and publish every selected target; raise if any failed.
+
+    The summary table goes to stdout, or to stderr when stdout is kept for JSON.
+    """
     start = time.monotonic()
     with log.step("Planning"):
         plans = plan.make(opts)
@@ -145,8 +149,8 @@ def nightly(opts: Options) -> list[TargetRun]:
                 run_target(ctx, run)
     elapsed = time.monotonic() - start
     text = summary_table(runs)
-    print(text)
-    print(f"\n{len(runs)} target(s) in {log.format_seconds(elapsed)}")
+    stream = sys.stderr if table_to_stderr else sys.stdout
+    print(f"{text}\n\n{len(runs)} target(s) in {log.format_seconds(elapsed)}", file=stream, flush=True)
     log.step_summary("## sparkbuild nightly\n\n" + text)
     opts.out.mkdir(parents=True, exist_ok=True)
     (opts.out / "summary.json").write_text(json.dumps([r.row() for r in runs], indent=2) + "\n")

@@ -87,12 +87,12 @@ def test_container_is_removed_on_ctrl_c(engine: Engine, base: str) -> None:
         "    print('started', flush=True)\n"
         "    time.sleep(300)\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "started"
-    assert not gone(engine, name)
-    proc.send_signal(signal.SIGINT)
-    proc.wait(timeout=60)
+    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "started"
+        assert not gone(engine, name)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
     deadline = time.monotonic() + 30
     while not gone(engine, name) and time.monotonic() < deadline:
         time.sleep(0.5)

@@ -66,6 +66,8 @@ def test_first_nightly_publishes_a_verified_image(nightly: Nightlies) -> None:
     assert nightly.first_row["status"] in ("published", "up to date")
     assert nightly.first_row["digest"].startswith("sha256:")
     assert "| target" in nightly.first.stdout and TARGET in nightly.first.stdout
+    # With --json, stdout is the JSON alone and the table goes to stderr.
+    assert "| target" in nightly.second.stderr
 
 
 def test_first_nightly_wrote_a_verify_result_with_answers_and_speed(nightly: Nightlies) -> None:
