@@ -8,11 +8,14 @@ import shutil
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from builder import cmd, log
-from builder.engine import Engine
 from builder.errors import BuildError, ToolMissingError
 from builder.matrix import Base
+
+if TYPE_CHECKING:  # planning imports this module and must not need the docker SDK
+    from builder.engine import Engine
 
 REPOSITORY = "sparkbuild/base"
 # Bump when the way a base is made changes.

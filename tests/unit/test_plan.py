@@ -160,3 +160,9 @@ def test_plan_json_cli_is_deterministic(write_matrix: MatrixWriter) -> None:
     second = subprocess.run(run, capture_output=True, text=True, check=True).stdout
     assert first == second
     assert [t["id"] for t in json.loads(first)] == ["vllm-0.32.0-cpu-amd64", "vllm-0.31.0-cpu-amd64"]
+
+
+def test_planning_does_not_import_the_docker_sdk() -> None:
+    code = "import sys; from builder import plan; print('docker' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert result.stdout.strip() == "False"
