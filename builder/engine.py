@@ -12,6 +12,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -173,7 +174,8 @@ class Engine:
             assert proc.stdout is not None
             for line in proc.stdout:
                 sink.write(line)
-                print(line, end="", flush=True)
+                # Progress goes to stderr with every other log line: stdout is kept for results (--json).
+                print(line, end="", file=sys.stderr, flush=True)
                 tail = [*tail[-29:], line]
             code = proc.wait()
         if code != 0:

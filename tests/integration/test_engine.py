@@ -55,7 +55,9 @@ def test_build_uses_buildkit_cache_mounts_and_secrets(engine: Engine, base: str,
     assert out.strip() == b"x"
 
 
-def test_a_failed_build_raises_with_its_last_lines(engine: Engine, base: str, tmp_path: Path) -> None:
+def test_a_failed_build_raises_with_its_last_lines(
+    engine: Engine, base: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "Dockerfile").write_text(f"FROM {base}\nRUN echo about-to-fail && false\n")
     with pytest.raises(BuildError, match="about-to-fail"):
         engine.build(
@@ -68,6 +70,9 @@ def test_a_failed_build_raises_with_its_last_lines(engine: Engine, base: str, tm
             log_file=tmp_path / "build.log",
         )
     assert "about-to-fail" in (tmp_path / "build.log").read_text()
+    # Build output is progress: stderr, never stdout (which `--json` keeps for results).
+    out, err = capfd.readouterr()
+    assert "about-to-fail" in err and "about-to-fail" not in out
 
 
 def test_container_is_removed_when_the_block_fails(engine: Engine, base: str) -> None:
