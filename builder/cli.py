@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 
 import click
 
-from builder import __version__, build, log, model, pipeline, plan, publish, verify
-from builder.errors import ConfigError, FatalError, VerifyError
+from builder import __version__, build, log, model, patch, pipeline, plan, publish, sources, verify
+from builder.errors import ConfigError, FatalError, PatchError, VerifyError
 from builder.options import Options
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -182,6 +182,63 @@ def nightly_cmd(registry: str | None, as_json: bool, **kwargs: Any) -> None:
     runs = pipeline.nightly(make_options(registry=registry, **kwargs), table_to_stderr=as_json)
     if as_json:
         emit_json([r.row() for r in runs])
+
+
+@cli.group("patch")
+def patch_group() -> None:
+    """Check or apply patches/ on a vLLM source tree (an sdist or a git checkout)."""
+
+
+def tree_options(func: F) -> F:
+    func = click.option("--source", type=click.Path(path_type=Path, file_okay=False), help="Unpacked vLLM source tree.")(func)
+    func = click.option("--vllm-version", metavar="X.Y.Z", help="Download this version's sdist from PyPI (cached) and use it.")(
+        func
+    )
+    func = click.option("--as-version", metavar="X.Y.Z", help="Version of --source when it has no PKG-INFO or tag.")(func)
+    func = click.option("--patch", "names", multiple=True, metavar="NAME", help="Only this patch (repeatable).")(func)
+    func = click.option("--patches", "patches_dir", type=click.Path(path_type=Path, file_okay=False), help="Patches folder.")(
+        func
+    )
+    return func
+
+
+def check_tree(
+    source: Path | None, vllm_version: str | None, as_version: str | None, names: tuple[str, ...], patches_dir: Path | None
+) -> patch.Report:
+    if (source is None) == (vllm_version is None):
+        raise ConfigError("give exactly one of --source DIR or --vllm-version X.Y.Z")
+    if vllm_version is not None:
+        source = sources.vllm_sdist(vllm_version, make_options().cache)
+    assert source is not None
+    version = as_version or sources.tree_version(source) or vllm_version
+    if version is None:
+        raise ConfigError(f"{source}: no PKG-INFO and no git tag tells its vLLM version; pass --as-version X.Y.Z")
+    patches = patch.load(patches_dir or patch.default_dir(), names or None)
+    return patch.check(source, patches, version)
+
+
+@patch_group.command("check")
+@tree_options
+@click.option("--json", "as_json", is_flag=True, help="Print the statuses as JSON.")
+def patch_check_cmd(as_json: bool, **kwargs: Any) -> None:
+    """Say what each patch does to the tree: applies, upstream, not-applicable or conflict. Changes nothing."""
+    report = check_tree(**kwargs)
+    if as_json:
+        emit_json(report.to_json())
+    else:
+        click.echo(patch.table(report))
+    if not report.ok:
+        raise PatchError("a patch conflicts with this tree (see above); update the patch or its version range")
+
+
+@patch_group.command("apply")
+@tree_options
+def patch_apply_cmd(**kwargs: Any) -> None:
+    """Apply every patch that applies; all or nothing: a conflict leaves the tree untouched."""
+    report = check_tree(**kwargs)
+    click.echo(patch.table(report), err=True)
+    written = patch.apply(report)
+    log.info(f"patched {len(written)} file(s) in {report.source}; record in {patch.RECORD}")
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:

@@ -46,3 +46,15 @@ class PublishError(FatalError):
     """The registry did not accept the image or returned another digest."""
 
     exit_code = 7
+
+
+class PatchError(FatalError):
+    """A patch conflicts with the source tree, or a patch folder is broken; the tree is left untouched."""
+
+    exit_code = 9
+
+
+class SourceError(FatalError):
+    """An upstream source could not be fetched, or its checksum did not match."""
+
+    exit_code = 10

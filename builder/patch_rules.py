@@ -1,0 +1,417 @@
+"""Patches that follow patterns rather than lines, and the overlay every patch works on.
+
+A rule reads the tree through an ``Overlay`` (the source plus what earlier patches changed) and
+returns an ``Outcome``: its status, a one-line detail, and the file edits. It never writes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+Status = Literal["applies", "upstream", "not-applicable", "conflict"]
+
+
+@dataclass(frozen=True)
+class Edit:
+    path: str
+    before: str
+    after: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: Status
+    detail: str
+    edits: tuple[Edit, ...] = ()
+
+
+class Overlay:
+    """A source tree plus in-memory changes; ``commit`` writes the changes, each file atomically."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.changed: dict[str, str] = {}
+
+    def exists(self, rel: str) -> bool:
+        return rel in self.changed or (self.root / rel).is_file()
+
+    def read(self, rel: str) -> str:
+        if rel in self.changed:
+            return self.changed[rel]
+        # newline="" semantics: bytes decoded as they are, so CRLF files keep their line ends.
+        return (self.root / rel).read_bytes().decode("utf-8")
+
+    def write(self, rel: str, text: str) -> None:
+        self.changed[rel] = text
+
+    def find(self, pattern: str, under: str = ".") -> list[str]:
+        """Files matching the glob ``pattern`` below ``under``, as sorted paths relative to the root."""
+        base = self.root / under
+        found = {p.relative_to(self.root).as_posix() for p in base.rglob(pattern) if p.is_file()} if base.is_dir() else set()
+        found |= {rel for rel in self.changed if Path(rel).match(pattern) and rel.startswith(under.rstrip("/") + "/")}
+        return sorted(found)
+
+    def materialize(self, rel: str, dest_root: Path) -> None:
+        dest = dest_root / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(self.read(rel).encode("utf-8"))
+
+    def commit(self) -> tuple[str, ...]:
+        for rel, text in sorted(self.changed.items()):
+            target = self.root / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            mode = target.stat().st_mode if target.exists() else None
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".sparkbuild-")
+            with os.fdopen(fd, "wb") as stream:
+                stream.write(text.encode("utf-8"))
+            if mode is not None:
+                Path(tmp).chmod(mode)
+            Path(tmp).replace(target)
+        return tuple(sorted(self.changed))
+
+
+Rule = Callable[[Overlay, Path], Outcome]
+
+
+# --- CMake: a small reader for commands and the CUDA-version branches around them ------------
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    args: str
+    start: int  # offset of the "(" + 1
+    end: int  # offset of the ")"
+    line: int
+    cuda_min: float | None  # lower bound on CMAKE_CUDA_COMPILER_VERSION in the branch, if any
+
+
+_CMD_START = re.compile(r"(?m)^[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*\(")
+_CUDA_GE = re.compile(r"CMAKE_CUDA_COMPILER_VERSION\}?\s+VERSION_GREATER_EQUAL\s+(\d+\.\d+)")
+
+
+def cmake_commands(text: str) -> Iterator[Command]:
+    """Top-of-line commands with their argument text and CUDA lower bound, skipping comments."""
+    stack: list[float | None] = []  # bound of the current branch of each open if()
+    pos = 0
+    while m := _CMD_START.search(text, pos):
+        if _in_comment(text, m.start(1)):
+            pos = text.index("\n", m.end()) if "\n" in text[m.end() :] else len(text)
+            continue
+        end = _close_paren(text, m.end())
+        name, args = m.group(1).lower(), text[m.end() : end]
+        bound = _CUDA_GE.search(args)
+        if name == "if":
+            stack.append(float(bound.group(1)) if bound else None)
+        elif name == "elseif" and stack:
+            stack[-1] = float(bound.group(1)) if bound else None
+        elif name == "else" and stack:
+            stack[-1] = None
+        elif name == "endif" and stack:
+            stack.pop()
+        bounds = [b for b in stack if b is not None]
+        yield Command(name, args, m.end(), end, text.count("\n", 0, m.start(1)) + 1, max(bounds) if bounds else None)
+        pos = end + 1
+
+
+def _in_comment(text: str, offset: int) -> bool:
+    line_start = text.rfind("\n", 0, offset) + 1
+    return "#" in text[line_start:offset]
+
+
+def _close_paren(text: str, pos: int) -> int:
+    depth, quoted = 1, False
+    while pos < len(text):
+        c = text[pos]
+        if quoted:
+            if c == "\\":
+                pos += 1
+            elif c == '"':
+                quoted = False
+        elif c == '"':
+            quoted = True
+        elif c == "#":
+            pos = text.find("\n", pos)
+            if pos < 0:
+                break
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                return pos
+        pos += 1
+    raise ValueError(f"unbalanced parentheses after offset {pos}")
+
+
+_QUOTED = re.compile(r'"([^"\\]*(?:\\.[^"\\]*)*)"')
+_ARCH_COMMANDS = ("cuda_archs_loose_intersection", "list", "set")
+# Family targets (12.0f) cover sm_121 from CUDA 13 on: vLLM's CUDA >= 13 branches leave 12.1 out on
+# purpose, and adding it there would make pre-0.19 helpers drop the 12.0f kernels entirely.
+FAMILY_CUDA = 13.0
+UTILS_REGEXES = (
+    ("\\([0-9]+\\)\\([0-9]\\)", "\\([0-9]+\\)\\([0-9][af]?\\)"),
+    ("compute_\\([0-9]+a?\\)", "compute_\\([0-9]+[af]?\\)"),
+    ("sm_\\([0-9]+a?\\)", "sm_\\([0-9]+[af]?\\)"),
+)
+
+
+def _list_var(c: Command) -> str:
+    words = c.args.split()
+    if c.name == "list" and len(words) > 1:
+        return words[1]
+    return words[0] if words else "?"
+
+
+def _add_after(items: list[str], anchor: str, new: str) -> list[str]:
+    i = items.index(anchor)
+    return [*items[: i + 1], new, *items[i + 1 :]]
+
+
+def _arch_edits(text: str, top_level: bool) -> tuple[str, list[str]]:
+    """Return the new text and a note per change, applying edits from the end so offsets hold."""
+    changes: list[tuple[int, int, str, str]] = []
+    for c in cmake_commands(text):
+        if c.name not in _ARCH_COMMANDS:
+            continue
+        var = _list_var(c)
+        if c.name == "set" and var == "CUDA_SUPPORTED_ARCHS":
+            if not top_level or (c.cuda_min is not None and c.cuda_min >= FAMILY_CUDA):
+                continue
+            for q in _QUOTED.finditer(c.args):
+                items = q.group(1).split(";")
+                if "12.0" in items and "12.1" not in items:
+                    new = ";".join(_add_after(items, "12.0", "12.1"))
+                    bound = f"CUDA >= {c.cuda_min}" if c.cuda_min else "CUDA branch"
+                    changes.append(
+                        (c.start + q.start(1), c.start + q.end(1), new, f"CUDA_SUPPORTED_ARCHS +12.1 ({bound}, line {c.line})")
+                    )
+            continue
+        all_items = [i for q in _QUOTED.finditer(c.args) for i in q.group(1).split(";")]
+        if "12.0a" not in all_items or "12.1a" in all_items:
+            continue
+        for q in _QUOTED.finditer(c.args):
+            items = q.group(1).split(";")
+            if "12.0a" in items:
+                new = ";".join(_add_after(items, "12.0a", "12.1a"))
+                changes.append((c.start + q.start(1), c.start + q.end(1), new, f"{var} +12.1a (line {c.line})"))
+    for start, end, new, _ in sorted(changes, reverse=True):
+        text = text[:start] + new + text[end:]
+    return text, [note for *_, note in changes]
+
+
+def cmake_arch_sm121(overlay: Overlay, folder: Path) -> Outcome:
+    """12.1 wherever 12.0 is served: supported list (non-family branches), 12.1a beside 12.0a, regexes."""
+    del folder  # the rule carries its whole change
+    if not overlay.exists("CMakeLists.txt"):
+        return Outcome("not-applicable", "no CMakeLists.txt at the top of the tree")
+    edits: list[Edit] = []
+    notes: list[str] = []
+    for rel in ["CMakeLists.txt", *overlay.find("*.cmake", "cmake")]:
+        before = overlay.read(rel)
+        after, changes = _arch_edits(before, top_level=rel == "CMakeLists.txt")
+        if rel == "cmake/utils.cmake":
+            fixed = [old for old, new in UTILS_REGEXES if old in after]
+            for old, new in UTILS_REGEXES:
+                after = after.replace(old, new)
+            changes += ["suffix-keeping regexes"] if fixed else []
+        if after != before:
+            edits.append(Edit(rel, before, after))
+            notes.append(f"{rel}: {', '.join(changes)}")
+    if not edits:
+        return Outcome("upstream", "every arch list that serves 12.0 already serves 12.1")
+    return Outcome("applies", "; ".join(notes), tuple(edits))
+
+
+# --- E2M1: software conversion beside the hardware instruction --------------------------------
+
+E2M1_HEADER = "nvfp4_utils.cuh"
+E2M1_SNIPPET = "e2m1_software.cuh"
+E2M1_MARKER = "fp32_to_e2m1_software"
+_ASM = re.compile(r"\basm\s*(?:volatile\s*)?\(")
+_GUARD_WORDS = ("__CUDA_ARCH_FAMILY_SPECIFIC__", "__CUDA_ARCH_SPECIFIC__", "__CUDA_ARCH_FEAT_SM", "SPARKBUILD_E2M1_HW")
+
+
+class AsmError(ValueError):
+    """An e2m1 asm block this rule cannot translate; reported as a conflict."""
+
+
+def e2m1_software(overlay: Overlay, folder: Path) -> Outcome:
+    headers = [rel for rel in overlay.find(E2M1_HEADER, "csrc")]
+    if not headers:
+        return Outcome("not-applicable", f"no {E2M1_HEADER} under csrc/")
+    snippet = (folder / E2M1_SNIPPET).read_text(encoding="utf-8")
+    edits: list[Edit] = []
+    notes: list[str] = []
+    for rel in headers:
+        before = overlay.read(rel)
+        if E2M1_MARKER in before:
+            notes.append(f"{rel}: already has {E2M1_MARKER}")
+            continue
+        blocks = [b for b in _asm_blocks(before) if "e2m1x2" in before[b[0] : b[1]]]
+        open_blocks = [b for b in blocks if not _guarded(before, b[0])]
+        if not blocks:
+            return Outcome("conflict", f"{rel}: no cvt ... e2m1x2 asm found; the header changed, update the rule")
+        if not open_blocks:
+            notes.append(f"{rel}: every e2m1x2 asm is already guarded by an arch-specific #if")
+            continue
+        try:
+            after = _insert_snippet(_guard_blocks(before, open_blocks), snippet, rel)
+        except AsmError as exc:
+            return Outcome("conflict", f"{rel}: {exc}")
+        edits.append(Edit(rel, before, after))
+        notes.append(f"{rel}: software fallback for {len(open_blocks)} e2m1x2 asm block(s)")
+    status: Status = "applies" if edits else "upstream"
+    return Outcome(status, "; ".join(notes), tuple(edits))
+
+
+def _asm_blocks(text: str) -> list[tuple[int, int]]:
+    """(start of line, offset after ';') of every asm statement."""
+    blocks = []
+    for m in _ASM.finditer(text):
+        end = _close_c_paren(text, m.end())
+        semi = text.index(";", end)
+        blocks.append((text.rfind("\n", 0, m.start()) + 1, semi + 1))
+    return blocks
+
+
+def _close_c_paren(text: str, pos: int) -> int:
+    depth = 1
+    while pos < len(text):
+        c = text[pos]
+        if c == '"':
+            pos += 1
+            while text[pos] != '"':
+                pos += 2 if text[pos] == "\\" else 1
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                return pos
+        pos += 1
+    raise AsmError("unbalanced parentheses in an asm statement")
+
+
+def _guarded(text: str, offset: int) -> bool:
+    """Whether ``offset`` sits inside an #if/#elif that names an arch- or family-specific macro."""
+    stack: list[str] = []
+    for line in text[:offset].splitlines():
+        s = line.strip()
+        if re.match(r"#\s*if", s):
+            stack.append(s)
+        elif re.match(r"#\s*elif", s) and stack:
+            stack[-1] = s
+        elif re.match(r"#\s*else", s) and stack:
+            stack[-1] = "#else"
+        elif re.match(r"#\s*endif", s) and stack:
+            stack.pop()
+    return any(word in cond for cond in stack for word in _GUARD_WORDS)
+
+
+def _guard_blocks(text: str, blocks: list[tuple[int, int]]) -> str:
+    for start, end in sorted(blocks, reverse=True):
+        statement = text[start:end]
+        if text[start : text.index("asm", start)].strip():
+            raise AsmError(f"asm at offset {start} does not start its line")
+        indent = statement[: len(statement) - len(statement.lstrip())]
+        software = _software_path(statement, indent)
+        text = text[:start] + f"#if SPARKBUILD_E2M1_HW\n{statement}\n#else\n{software}\n#endif" + text[end:]
+    return text
+
+
+def _strings(template: str) -> str:
+    parts = re.findall(r'"((?:[^"\\]|\\.)*)"', template)
+    return "".join(parts).replace("\\n", "\n").replace("\\t", " ").replace('\\"', '"')
+
+
+def _operands(section: str) -> list[tuple[str, str]]:
+    found = []
+    for m in re.finditer(r'"([=+&]*[a-z])"\s*\(', section):
+        close = _close_c_paren(section, m.end())
+        found.append((m.group(1), section[m.end() : close].strip()))
+    return found
+
+
+def _split_colons(body: str) -> list[str]:
+    parts, depth, quoted, current = [], 0, False, ""
+    i = 0
+    while i < len(body):
+        c = body[i]
+        if quoted:
+            current += c
+            if c == "\\":
+                current += body[i + 1]
+                i += 1
+            elif c == '"':
+                quoted = False
+        elif c == '"':
+            quoted, current = True, current + c
+        elif c in "([{":
+            depth, current = depth + 1, current + c
+        elif c in ")]}":
+            depth, current = depth - 1, current + c
+        elif c == ":" and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += c
+        i += 1
+    return [*parts, current]
+
+
+def _software_path(statement: str, indent: str) -> str:
+    """The C++ that computes what the asm's cvt/mov instructions compute, one assignment per output."""
+    m = _ASM.search(statement)
+    assert m is not None
+    body = statement[m.end() : _close_c_paren(statement, m.end())]
+    sections = _split_colons(body)
+    if len(sections) < 3:
+        raise AsmError("e2m1x2 asm without input operands")
+    outputs, inputs = _operands(sections[1]), _operands(sections[2])
+    operands = [expr for _, expr in outputs + inputs]
+    pairs: dict[str, tuple[str, str]] = {}
+    lines = []
+    for raw in re.split(r"[;\n]", _strings(sections[0])):
+        ins = raw.strip()
+        if not ins or ins in "{}" or ins.startswith(".reg"):
+            continue
+        if cvt := re.fullmatch(r"cvt\.rn\.satfinite\.e2m1x2\.f32\s+(\w+)\s*,\s*%(\d+)\s*,\s*%(\d+)", ins):
+            # cvt puts its first source in the high nibble and its second in the low one.
+            pairs[cvt.group(1)] = (operands[int(cvt.group(2))], operands[int(cvt.group(3))])
+        elif mov := re.fullmatch(r"mov\.b(16|32)\s+%(\d+)\s*,\s*\{([^}]*)\}", ins):
+            bits, dest = int(mov.group(1)), int(mov.group(2))
+            regs = [r.strip() for r in mov.group(3).split(",")]
+            if dest >= len(outputs) or any(r not in pairs for r in regs) or len(regs) * 8 != bits:
+                raise AsmError(f"cannot translate '{ins}'")
+            cast = f"uint{bits}_t"
+            terms = [f"(({cast})fp32x2_to_e2m1x2_software({pairs[r][0]}, {pairs[r][1]}) << {8 * i})" for i, r in enumerate(regs)]
+            lines.append(f"{indent}{outputs[dest][1]} = ({cast})(" + (f"\n{indent}    | ").join(terms) + ");")
+        else:
+            raise AsmError(f"cannot translate '{ins}' in an e2m1x2 asm block")
+    if not lines:
+        raise AsmError("e2m1x2 asm whose result is not moved to an output operand")
+    return "\n".join(lines)
+
+
+def _insert_snippet(text: str, snippet: str, rel: str) -> str:
+    """After the last #include that precedes the first namespace, so the snippet sees those headers."""
+    first_namespace = text.find("namespace ")
+    head = text[: first_namespace if first_namespace >= 0 else len(text)]
+    includes = list(re.finditer(r"(?m)^#\s*include[^\n]*\n", head))
+    if not includes:
+        raise AsmError(f"{rel}: no #include before the first namespace to anchor the software conversion")
+    at = includes[-1].end()
+    return text[:at] + "\n" + snippet.rstrip("\n") + "\n" + text[at:]
+
+
+RULES: dict[str, Rule] = {
+    "cmake-arch-sm121": cmake_arch_sm121,
+    "e2m1-software": e2m1_software,
+}

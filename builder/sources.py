@@ -1,0 +1,175 @@
+"""Upstream source trees: vLLM sdists from PyPI, checked against the index's sha256 and cached.
+
+PyPI's simple index (PEP 503) gives every file's sha256 in its link (``#sha256=...``); the JSON API is
+not used, so a mirror that serves only the simple index works too (``SPARKBUILD_PYPI_SIMPLE``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import urldefrag, urljoin
+
+import requests
+from packaging.version import InvalidVersion, Version
+
+from builder import cmd, log
+from builder.errors import ConfigError, SourceError
+
+DEFAULT_SIMPLE_INDEX = "https://pypi.org/simple/"
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class SdistLink:
+    filename: str
+    url: str
+    sha256: str
+
+
+class _Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[tuple[str, str]] = []
+        self._href: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self._href = dict(attrs).get("href")
+
+    def handle_data(self, data: str) -> None:
+        if self._href is not None:
+            self.hrefs.append((data.strip(), self._href))
+            self._href = None
+
+
+def simple_index() -> str:
+    return os.environ.get("SPARKBUILD_PYPI_SIMPLE", DEFAULT_SIMPLE_INDEX).rstrip("/") + "/"
+
+
+def sdist_links(project: str, index: str | None = None) -> dict[str, SdistLink]:
+    """Every ``.tar.gz`` of ``project`` in the simple index, by file name, with its sha256."""
+    page = urljoin(index or simple_index(), f"{project}/")
+    log.info(f"+ GET {page}")
+    try:
+        response = requests.get(page, timeout=60, headers={"Accept": "text/html"})
+        response.raise_for_status()
+    except requests.RequestException as exc:
+        raise SourceError(f"cannot read the package index {page}: {exc}. Check the network or SPARKBUILD_PYPI_SIMPLE.") from None
+    parser = _Links()
+    parser.feed(response.text)
+    links: dict[str, SdistLink] = {}
+    for text, href in parser.hrefs:
+        url, fragment = urldefrag(urljoin(page, href))
+        if not text.endswith(".tar.gz") or not fragment.startswith("sha256="):
+            continue
+        links[text] = SdistLink(filename=text, url=url, sha256=fragment.removeprefix("sha256="))
+    return links
+
+
+def vllm_sdist(version: str, cache: Path) -> Path:
+    """The unpacked vLLM ``version`` sdist under ``cache/sources``; downloads and checks it once."""
+    _check_version(version)
+    tree = cache / "sources" / f"vllm-{version}"
+    stamp = tree / ".sparkbuild-unpacked"
+    if stamp.is_file():
+        return tree
+    archive = _download(version, cache)
+    _unpack(archive, tree, top=f"vllm-{version}")
+    stamp.write_text(archive.name + "\n", encoding="utf-8")
+    return tree
+
+
+def _check_version(version: str) -> None:
+    try:
+        Version(version)
+    except InvalidVersion:
+        raise ConfigError(f"--vllm-version {version!r} is not a version (for example 0.11.0)") from None
+
+
+def _download(version: str, cache: Path) -> Path:
+    filename = f"vllm-{version}.tar.gz"
+    links = sdist_links("vllm")
+    link = links.get(filename)
+    if link is None:
+        near = sorted((name for name in links), key=lambda n: _distance(n, filename))[:3]
+        raise SourceError(
+            f"PyPI has no sdist {filename}; nearest: {', '.join(near) or 'none'}. "
+            "Release candidates exist only as git tags; check them out and use --source DIR."
+        )
+    target = cache / "sdists" / filename
+    if target.is_file() and _sha256(target) == link.sha256:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    log.info(f"+ GET {link.url}")
+    digest = hashlib.sha256()
+    with tempfile.NamedTemporaryFile(dir=target.parent, delete=False, prefix=".part-") as part:
+        try:
+            with requests.get(link.url, stream=True, timeout=300) as response:
+                response.raise_for_status()
+                for chunk in response.iter_content(_CHUNK):
+                    digest.update(chunk)
+                    part.write(chunk)
+        except requests.RequestException as exc:
+            Path(part.name).unlink()
+            raise SourceError(f"download of {link.url} failed: {exc}") from None
+    if digest.hexdigest() != link.sha256:
+        Path(part.name).unlink()
+        raise SourceError(
+            f"{filename}: sha256 {digest.hexdigest()} does not match the index's {link.sha256}; "
+            "the download is discarded. Retry; if it persists, the index or a proxy serves another file."
+        )
+    Path(part.name).replace(target)
+    return target
+
+
+def _distance(name: str, wanted: str) -> int:
+    numbers = [int(n) for n in re.findall(r"\d+", name)]
+    goal = [int(n) for n in re.findall(r"\d+", wanted)]
+    return sum(abs(a - b) * 1000 ** (3 - i) for i, (a, b) in enumerate(zip(numbers, goal, strict=False)))
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for chunk in iter(lambda: stream.read(_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _unpack(archive: Path, tree: Path, top: str) -> None:
+    """Unpack into a temporary folder next to ``tree`` and rename, so a half-unpacked tree never exists."""
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=tree.parent, prefix=".unpack-"))
+    try:
+        with tarfile.open(archive) as tar:
+            tar.extractall(staging, filter="data")
+        root = staging / top
+        if not (root / "CMakeLists.txt").is_file():
+            raise SourceError(f"{archive}: no {top}/CMakeLists.txt inside; not a vLLM source archive")
+        if tree.exists():
+            shutil.rmtree(tree)
+        root.rename(tree)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def tree_version(tree: Path) -> str | None:
+    """The vLLM version of a source tree: PKG-INFO for an sdist, else ``git describe`` of a checkout."""
+    pkg_info = tree / "PKG-INFO"
+    if pkg_info.is_file():
+        for line in pkg_info.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("Version:"):
+                return line.split(":", 1)[1].strip()
+    if (tree / ".git").exists():
+        described = cmd.run(["git", "-C", tree, "describe", "--tags", "--abbrev=0"], capture=True, check=False)
+        if described.returncode == 0:
+            return described.stdout.strip().removeprefix("v")
+    return None

@@ -1,0 +1,57 @@
+"""The status of every patch on every supported vLLM version, from real sdists, through the CLI too."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from builder import patch
+from tests.patches.conftest import PATCHES, VERSIONS, TreeFactory
+
+# What each patch does to each version. A new patch or version needs a row here: the test below
+# fails until the table covers every patch folder.
+EXPECTED: dict[str, dict[str, patch.Status]] = {
+    "0.11.0": {"cmake-arch-sm121": "applies", "e2m1-software": "applies"},
+    "0.12.0": {"cmake-arch-sm121": "applies", "e2m1-software": "applies"},
+    "0.16.0": {"cmake-arch-sm121": "applies", "e2m1-software": "applies"},
+    "0.19.0": {"cmake-arch-sm121": "upstream", "e2m1-software": "applies"},
+    # flashkda.cmake still lacks 12.1a on the CUDA 12.9 branch in 0.33.0.
+    "0.33.0": {"cmake-arch-sm121": "applies", "e2m1-software": "applies"},
+}
+
+
+def test_table_covers_every_patch_and_version() -> None:
+    names = {p.name for p in patch.load(PATCHES)}
+    assert set(EXPECTED) == set(VERSIONS)
+    for version, row in EXPECTED.items():
+        assert set(row) == names, f"EXPECTED[{version}] must give a status for every patch"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_status_of_every_patch(version: str, pristine: TreeFactory) -> None:
+    report = patch.check(pristine(version), patch.load(PATCHES), version)
+    assert {r.patch: r.status for r in report.results} == EXPECTED[version]
+    assert report.ok
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_second_check_after_apply_finds_everything_there(version: str, patched: TreeFactory) -> None:
+    """Applied once, every patch reads as already there: a re-run neither conflicts nor doubles a change."""
+    report = patch.check(patched(version), patch.load(PATCHES), version)
+    assert {r.status for r in report.results} <= {"upstream", "not-applicable"}, patch.table(report)
+
+
+@pytest.mark.parametrize("version", ["0.11.0", "0.33.0"])
+def test_cli_check_by_version_prints_table_and_json(version: str, pristine: TreeFactory) -> None:
+    pristine(version)  # downloaded and checked once by the fixture; the CLI reuses the cache
+    base = [sys.executable, "-m", "builder", "patch", "check", "--vllm-version", version]
+    table = subprocess.run(base, capture_output=True, text=True, check=True).stdout
+    for name, status in EXPECTED[version].items():
+        assert any(line.split()[1:3] == [name, status] for line in table.splitlines() if line.strip()), table
+    data = json.loads(subprocess.run([*base, "--json"], capture_output=True, text=True, check=True).stdout)
+    assert data["version"] == version
+    assert data["ok"] is True
+    assert {r["patch"]: r["status"] for r in data["results"]} == EXPECTED[version]
