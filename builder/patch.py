@@ -27,7 +27,7 @@ from typing import Any, Literal
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from builder import cmd, log, matrix, patch_rules, yamlsrc
+from builder import cmd, matrix, patch_rules, yamlsrc
 from builder.errors import ConfigError, PatchError
 from builder.patch_rules import Outcome, Overlay
 
@@ -163,9 +163,6 @@ class Report:
     @property
     def ok(self) -> bool:
         return all(r.status != "conflict" for r in self.results)
-
-    def status(self, name: str) -> Status:
-        return next(r.status for r in self.results if r.patch == name)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -358,9 +355,3 @@ def table(report: Report) -> str:
 
 def default_dir() -> Path:
     return Path(os.environ.get("SPARKBUILD_PATCHES", Path(__file__).resolve().parent.parent / "patches"))
-
-
-def log_report(report: Report) -> None:
-    for r in report.results:
-        if r.status == "conflict":
-            log.error(f"{r.patch}: {r.detail}")

@@ -243,7 +243,7 @@ class AsmError(ValueError):
 
 
 def e2m1_software(overlay: Overlay, folder: Path) -> Outcome:
-    headers = [rel for rel in overlay.find(E2M1_HEADER, "csrc")]
+    headers = overlay.find(E2M1_HEADER, "csrc")
     if not headers:
         return Outcome("not-applicable", f"no {E2M1_HEADER} under csrc/")
     snippet = (folder / E2M1_SNIPPET).read_text(encoding="utf-8")
