@@ -125,7 +125,11 @@ def _in_comment(text: str, offset: int) -> bool:
     return "#" in text[line_start:offset]
 
 
-def _close_paren(text: str, pos: int) -> int:
+def _close_paren(text: str, pos: int, line_comment: str | None = "#") -> int:
+    """Offset of the ")" that closes the "(" just before ``pos``, skipping strings and line comments.
+
+    CMake comments start with "#"; C++ asm statements pass ``line_comment=None``.
+    """
     depth, quoted = 1, False
     while pos < len(text):
         c = text[pos]
@@ -136,7 +140,7 @@ def _close_paren(text: str, pos: int) -> int:
                 quoted = False
         elif c == '"':
             quoted = True
-        elif c == "#":
+        elif c == line_comment:
             pos = text.find("\n", pos)
             if pos < 0:
                 break
@@ -282,21 +286,10 @@ def _asm_blocks(text: str) -> list[tuple[int, int]]:
 
 
 def _close_c_paren(text: str, pos: int) -> int:
-    depth = 1
-    while pos < len(text):
-        c = text[pos]
-        if c == '"':
-            pos += 1
-            while text[pos] != '"':
-                pos += 2 if text[pos] == "\\" else 1
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-            if depth == 0:
-                return pos
-        pos += 1
-    raise AsmError("unbalanced parentheses in an asm statement")
+    try:
+        return _close_paren(text, pos, line_comment=None)
+    except ValueError:
+        raise AsmError("unbalanced parentheses in an asm statement") from None
 
 
 def _guarded(text: str, offset: int) -> bool:
