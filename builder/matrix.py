@@ -7,17 +7,16 @@ names the file, the line and the key; an unknown key suggests the nearest known 
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import re
 import string
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from builder import yamlsrc
+from builder import validate, yamlsrc
 from builder.yamlsrc import DocPath, Located
 
 PROFILES = ("local", "spark")
@@ -104,88 +103,11 @@ class Matrix:
     targets: tuple[Target, ...]
 
 
-def suggest(word: str, choices: Iterable[str]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" Perhaps you meant '{close[0]}'?" if close else ""
-
-
-# --- scalar validators: each takes (doc, path, value) and returns the typed value -------------
-
-Validator = Callable[[Located, DocPath, Any], Any]
-
-
-def _type_name(value: Any) -> str:
-    if value is None:
-        return "nothing (null)"
-    if isinstance(value, bool):
-        return f"a boolean ({str(value).lower()})"
-    if isinstance(value, int | float):
-        return f"a number ({value})"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "a mapping"
-    return f"a string ({value!r})"
-
-
-def _str(doc: Located, path: DocPath, value: Any) -> str:
-    if isinstance(value, str) and value:
-        return value
-    hint = f'; quote it: "{value}"' if isinstance(value, int | float) and not isinstance(value, bool) else ""
-    raise doc.fail(path, f"expected a non-empty string, got {_type_name(value)}{hint}")
-
-
-def _opt_str(doc: Located, path: DocPath, value: Any) -> str | None:
-    return None if value is None else _str(doc, path, value)
-
-
-def _int(doc: Located, path: DocPath, value: Any) -> int:
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    raise doc.fail(path, f"expected a positive whole number, got {_type_name(value)}")
-
-
-def _list(item: Validator) -> Validator:
-    def check(doc: Located, path: DocPath, value: Any) -> tuple[Any, ...]:
-        if not isinstance(value, list):
-            raise doc.fail(path, f"expected a list, got {_type_name(value)}")
-        return tuple(item(doc, (*path, i), v) for i, v in enumerate(value))
-
-    return check
-
-
-def _choice(choices: tuple[str, ...]) -> Validator:
-    def check(doc: Located, path: DocPath, value: Any) -> str:
-        text = _str(doc, path, value)
-        if text not in choices:
-            raise doc.fail(path, f"'{text}' is not one of {', '.join(choices)}.{suggest(text, choices)}")
-        return text
-
-    return check
-
-
-def _mapping(doc: Located, path: DocPath, value: Any, keys: Iterable[str]) -> dict[str, Any]:
-    """Check ``value`` is a mapping with only ``keys``; an unknown key suggests the near one."""
-    if not isinstance(value, dict):
-        raise doc.fail(path, f"expected a mapping, got {_type_name(value)}")
-    known = tuple(keys)
-    for key in value:
-        if key not in known:
-            raise doc.fail((*path, key), f"unknown key '{key}'.{suggest(key, known)} Known keys: {', '.join(known)}")
-    return value
-
-
-def _require(doc: Located, path: DocPath, value: Mapping[str, Any], key: str) -> Any:
-    if key not in value:
-        raise doc.fail(path, f"missing required key '{key}'")
-    return value[key]
-
-
 def _tag_template(doc: Located, path: DocPath, value: Any) -> str:
-    text = _str(doc, path, value)
+    text = validate.text(doc, path, value)
     for _, field, _, _ in string.Formatter().parse(text):
         if field is not None and field not in TAG_FIELDS:
-            raise doc.fail(path, f"unknown placeholder '{{{field}}}'.{suggest(field, TAG_FIELDS)}")
+            raise doc.fail(path, f"unknown placeholder '{{{field}}}'.{validate.suggest(field, TAG_FIELDS)}")
     sample = text.format(vllm_version="0.0.0", date="20260101", id="x")
     if not _TAG_RE.match(sample):
         raise doc.fail(path, f"'{text}' does not make a valid image tag ([A-Za-z0-9_.-], at most 128)")
@@ -194,18 +116,18 @@ def _tag_template(doc: Located, path: DocPath, value: Any) -> str:
 
 def _build_args(doc: Located, path: DocPath, value: Any) -> tuple[tuple[str, str], ...]:
     if not isinstance(value, dict):
-        raise doc.fail(path, f"expected a mapping of NAME: value, got {_type_name(value)}")
-    return tuple(sorted((k, _str(doc, (*path, k), v)) for k, v in value.items()))
+        raise doc.fail(path, f"expected a mapping of NAME: value, got {validate.type_name(value)}")
+    return tuple(sorted((k, validate.text(doc, (*path, k), v)) for k, v in value.items()))
 
 
 def _vllm(doc: Located, path: DocPath, value: Any) -> VllmSource:
-    spec = _mapping(doc, path, value, ("version", "ref", "repo", "wheel"))
+    spec = validate.mapping(doc, path, value, ("version", "ref", "repo", "wheel"))
     kinds = [k for k in ("version", "ref", "wheel") if k in spec]
     if len(kinds) != 1:
         raise doc.fail(path, "give exactly one of 'version', 'ref' or 'wheel'")
     kind = kinds[0]
-    text = _str(doc, (*path, kind), spec[kind])
-    repo = _opt_str(doc, (*path, "repo"), spec.get("repo"))
+    text = validate.text(doc, (*path, kind), spec[kind])
+    repo = validate.opt_text(doc, (*path, "repo"), spec.get("repo"))
     if kind == "wheel":
         match = re.fullmatch(r"([A-Za-z0-9_.-]+)==([A-Za-z0-9_.+-]+)", text)
         if not match:
@@ -218,22 +140,22 @@ def _vllm(doc: Located, path: DocPath, value: Any) -> VllmSource:
 
 # --- target keys and their validators ----------------------------------------------------------
 
-TARGET_KEYS: dict[str, Validator] = {
-    "id": _opt_str,
-    "profile": _choice(PROFILES),
-    "platform": _choice(PLATFORMS),
+TARGET_KEYS: dict[str, validate.Validator] = {
+    "id": validate.opt_text,
+    "profile": validate.choice(PROFILES),
+    "platform": validate.choice(PLATFORMS),
     "vllm": _vllm,
-    "triton": _opt_str,
-    "flashinfer": _opt_str,
-    "cuda": _opt_str,
-    "torch": _str,
-    "torch_index": _str,
-    "base": _str,
-    "arch_list": _str,
-    "patches": _list(_str),
-    "check": _str,
-    "repository": _str,
-    "tags": _list(_tag_template),
+    "triton": validate.opt_text,
+    "flashinfer": validate.opt_text,
+    "cuda": validate.opt_text,
+    "torch": validate.text,
+    "torch_index": validate.text,
+    "base": validate.text,
+    "arch_list": validate.text,
+    "patches": validate.list_of(validate.text),
+    "check": validate.text,
+    "repository": validate.text,
+    "tags": validate.list_of(_tag_template),
     "build_args": _build_args,
 }
 REQUIRED_KEYS = ("profile", "vllm", "torch", "base", "check")
@@ -254,14 +176,14 @@ def load(file: Path) -> Matrix:
     """Load, validate and expand a matrix file into targets."""
     doc = yamlsrc.load(file)
     defaults_doc = _defaults_doc()
-    top = _mapping(doc, (), doc.data, TOP_KEYS)
-    patches_dir = (file.parent / _str(doc, ("patches_dir",), top.get("patches_dir", "patches"))).resolve()
+    top = validate.mapping(doc, (), doc.data, TOP_KEYS)
+    patches_dir = (file.parent / validate.text(doc, ("patches_dir",), top.get("patches_dir", "patches"))).resolve()
     checks = _checks(doc, defaults_doc, top.get("checks", {}))
     bases = _bases(doc, top.get("bases", {}))
     layers = [_layer(defaults_doc, ("target",), defaults_doc.data["target"])]
     if "defaults" in top:
         layers.append(_layer(doc, ("defaults",), top["defaults"]))
-    entries = _require(doc, (), top, "targets")
+    entries = validate.require(doc, (), top, "targets")
     if not isinstance(entries, list) or not entries:
         raise doc.fail(("targets",), "expected a non-empty list of targets")
     targets: list[Target] = []
@@ -284,16 +206,16 @@ def load(file: Path) -> Matrix:
 
 
 def _layer(doc: Located, path: DocPath, value: Any) -> dict[str, Sourced]:
-    mapping = _mapping(doc, path, value, TARGET_KEYS)
+    mapping = validate.mapping(doc, path, value, TARGET_KEYS)
     return {key: (v, doc, (*path, key)) for key, v in mapping.items()}
 
 
 def _expand(doc: Located, path: DocPath, entry: Any) -> list[list[dict[str, Sourced]]]:
     """One list of layers per combination of the entry's ``matrix:`` axes (GitHub-style)."""
-    entry = _mapping(doc, path, entry, (*TARGET_KEYS, *ENTRY_ONLY_KEYS))
+    entry = validate.mapping(doc, path, entry, (*TARGET_KEYS, *ENTRY_ONLY_KEYS))
     own = {k: v for k, v in entry.items() if k not in ENTRY_ONLY_KEYS}
     base = _layer(doc, path, own)
-    axes = _mapping(doc, (*path, "matrix"), entry.get("matrix", {}), TARGET_KEYS)
+    axes = validate.mapping(doc, (*path, "matrix"), entry.get("matrix", {}), TARGET_KEYS)
     for key, values in axes.items():
         if not isinstance(values, list) or not values:
             raise doc.fail((*path, "matrix", key), "an axis must be a non-empty list of values")
@@ -301,12 +223,12 @@ def _expand(doc: Located, path: DocPath, entry: Any) -> list[list[dict[str, Sour
         {key: (value, doc, (*path, "matrix", key, i)) for key, (i, value) in zip(axes, choice, strict=True)}
         for choice in itertools.product(*(list(enumerate(v)) for v in axes.values()))
     ]
-    for i, rule in enumerate(_list_of_maps(doc, (*path, "exclude"), entry.get("exclude", []))):
+    for i, rule in enumerate(validate.list_of_maps(doc, (*path, "exclude"), entry.get("exclude", []))):
         for key in rule:
             if key not in axes:
-                raise doc.fail((*path, "exclude", i, key), f"'{key}' is not an axis.{suggest(key, axes)}")
+                raise doc.fail((*path, "exclude", i, key), f"'{key}' is not an axis.{validate.suggest(key, axes)}")
         combos = [c for c in combos if not all(c[k][0] == v for k, v in rule.items())]
-    for i, extra in enumerate(_list_of_maps(doc, (*path, "include"), entry.get("include", []))):
+    for i, extra in enumerate(validate.list_of_maps(doc, (*path, "include"), entry.get("include", []))):
         layer = _layer(doc, (*path, "include", i), extra)
         axis_part = {k: v for k, v in extra.items() if k in axes}
         matching = [c for c in combos if axis_part and all(c[k][0] == v for k, v in axis_part.items())]
@@ -318,15 +240,6 @@ def _expand(doc: Located, path: DocPath, entry: Any) -> list[list[dict[str, Sour
     if not combos:
         raise doc.fail(path, "exclude: removes every combination of this target's axes")
     return [[base, combo] for combo in combos]
-
-
-def _list_of_maps(doc: Located, path: DocPath, value: Any) -> list[dict[str, Any]]:
-    if not isinstance(value, list):
-        raise doc.fail(path, f"expected a list of mappings, got {_type_name(value)}")
-    for i, item in enumerate(value):
-        if not isinstance(item, dict):
-            raise doc.fail((*path, i), f"expected a mapping, got {_type_name(item)}")
-    return value
 
 
 def _target(
@@ -346,7 +259,7 @@ def _target(
         name = values[key]
         if name not in known:
             _, src, p = merged[key]
-            raise src.fail(p, f"unknown {what} '{name}'.{suggest(name, known)} Known: {', '.join(known) or 'none'}")
+            raise src.fail(p, f"unknown {what} '{name}'.{validate.suggest(name, known)} Known: {', '.join(known) or 'none'}")
         return known[name]
 
     check, base = named("check", checks, "check"), named("base", bases, "base")
@@ -354,7 +267,7 @@ def _target(
         if not (patches_dir / patch).is_dir():
             _, src, p = merged["patches"]
             known = sorted(d.name for d in patches_dir.iterdir() if d.is_dir()) if patches_dir.is_dir() else []
-            raise src.fail((*p, i), f"unknown patch '{patch}': no folder {patches_dir / patch}.{suggest(patch, known)}")
+            raise src.fail((*p, i), f"unknown patch '{patch}': no folder {patches_dir / patch}.{validate.suggest(patch, known)}")
     _profile_rules(merged, values)
     vllm: VllmSource = values["vllm"]
     return Target(
@@ -407,26 +320,27 @@ PROMPT_KEYS = ("name", "api", "prompt", "expect", "max_tokens")
 def _checks(doc: Located, defaults_doc: Located, value: Any) -> dict[str, Check]:
     result: dict[str, Check] = {}
     d = defaults_doc.data["check"]
-    for name, spec in _mapping(doc, ("checks",), value, _any_key(value)).items():
+    for name, spec in validate.mapping(doc, ("checks",), value, validate.any_key(value)).items():
         path: DocPath = ("checks", name)
-        spec = _mapping(doc, path, spec, CHECK_KEYS)
+        spec = validate.mapping(doc, path, spec, CHECK_KEYS)
 
-        def get(key: str, check: Validator, spec: dict[str, Any] = spec, path: DocPath = path) -> Any:
+        def get(key: str, check: validate.Validator, spec: dict[str, Any] = spec, path: DocPath = path) -> Any:
             if key in spec:
                 return check(doc, (*path, key), spec[key])
             return check(defaults_doc, ("check", key), d[key])
 
-        prompts = _require(doc, path, spec, "prompts")
+        prompts = validate.list_of_maps(doc, (*path, "prompts"), validate.require(doc, path, spec, "prompts"))
         result[name] = Check(
             name=name,
-            model=_str(doc, (*path, "model"), _require(doc, path, spec, "model")),
-            serve_args=get("serve_args", _list(_str)),
+            model=validate.text(doc, (*path, "model"), validate.require(doc, path, spec, "model")),
+            serve_args=get("serve_args", validate.list_of(validate.text)),
             prompts=tuple(
-                _prompt(doc, (*path, "prompts", i), p) for i, p in enumerate(_list_of_maps(doc, (*path, "prompts"), prompts))
+                _prompt(doc, (*path, "prompts", i), p)
+                for i, p in enumerate(validate.list_of_maps(doc, (*path, "prompts"), prompts))
             ),
-            concurrency=get("concurrency", _list(_int)),
-            bench_max_tokens=get("bench_max_tokens", _int),
-            startup_timeout=get("startup_timeout", _int),
+            concurrency=get("concurrency", validate.list_of(validate.positive_int)),
+            bench_max_tokens=get("bench_max_tokens", validate.positive_int),
+            startup_timeout=get("startup_timeout", validate.positive_int),
         )
         if not result[name].prompts:
             raise doc.fail((*path, "prompts"), "a check needs at least one prompt with its expected answer")
@@ -434,26 +348,26 @@ def _checks(doc: Located, defaults_doc: Located, value: Any) -> dict[str, Check]
 
 
 def _prompt(doc: Located, path: DocPath, value: dict[str, Any]) -> Prompt:
-    spec = _mapping(doc, path, value, PROMPT_KEYS)
+    spec = validate.mapping(doc, path, value, PROMPT_KEYS)
     for key in ("name", "api", "prompt", "expect", "max_tokens"):
-        _require(doc, path, spec, key)
+        validate.require(doc, path, spec, key)
     return Prompt(
-        name=_str(doc, (*path, "name"), spec["name"]),
-        api=_choice(APIS)(doc, (*path, "api"), spec["api"]),
-        prompt=_str(doc, (*path, "prompt"), spec["prompt"]),
-        expect=_str(doc, (*path, "expect"), spec["expect"]),
-        max_tokens=_int(doc, (*path, "max_tokens"), spec["max_tokens"]),
+        name=validate.text(doc, (*path, "name"), spec["name"]),
+        api=validate.choice(APIS)(doc, (*path, "api"), spec["api"]),
+        prompt=validate.text(doc, (*path, "prompt"), spec["prompt"]),
+        expect=validate.text(doc, (*path, "expect"), spec["expect"]),
+        max_tokens=validate.positive_int(doc, (*path, "max_tokens"), spec["max_tokens"]),
     )
 
 
 def _bases(doc: Located, value: Any) -> dict[str, Base]:
     result: dict[str, Base] = {}
-    for name, spec in _mapping(doc, ("bases",), value, _any_key(value)).items():
+    for name, spec in validate.mapping(doc, ("bases",), value, validate.any_key(value)).items():
         path: DocPath = ("bases", name)
-        spec = _mapping(doc, path, spec, ("image", "debootstrap"))
+        spec = validate.mapping(doc, path, spec, ("image", "debootstrap"))
         if ("image" in spec) == ("debootstrap" in spec):
             raise doc.fail(path, "give exactly one of 'image' (pinned by digest) or 'debootstrap'")
-        image = _opt_str(doc, (*path, "image"), spec.get("image"))
+        image = validate.opt_text(doc, (*path, "image"), spec.get("image"))
         if image is not None and not re.search(r"@sha256:[0-9a-f]{64}$", image):
             raise doc.fail((*path, "image"), f"'{image}' is not pinned: add '@sha256:<digest>'")
         result[name] = Base(
@@ -465,15 +379,10 @@ def _bases(doc: Located, value: Any) -> dict[str, Base]:
 def _debootstrap(doc: Located, path: DocPath, value: Any) -> Debootstrap | None:
     if value is None:
         return None
-    spec = _mapping(doc, path, value, ("suite", "mirror", "variant", "include"))
+    spec = validate.mapping(doc, path, value, ("suite", "mirror", "variant", "include"))
     return Debootstrap(
-        suite=_str(doc, (*path, "suite"), _require(doc, path, spec, "suite")),
-        mirror=_str(doc, (*path, "mirror"), _require(doc, path, spec, "mirror")),
-        variant=_str(doc, (*path, "variant"), spec.get("variant", "minbase")),
-        include=_list(_str)(doc, (*path, "include"), spec.get("include", [])),
+        suite=validate.text(doc, (*path, "suite"), validate.require(doc, path, spec, "suite")),
+        mirror=validate.text(doc, (*path, "mirror"), validate.require(doc, path, spec, "mirror")),
+        variant=validate.text(doc, (*path, "variant"), spec.get("variant", "minbase")),
+        include=validate.list_of(validate.text)(doc, (*path, "include"), spec.get("include", [])),
     )
-
-
-def _any_key(value: Any) -> tuple[str, ...]:
-    """Names of a user-named mapping (checks, bases): every key is allowed."""
-    return tuple(value) if isinstance(value, dict) else ()

@@ -27,7 +27,7 @@ from typing import Any, Literal
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from builder import cmd, matrix, patch_rules, yamlsrc
+from builder import cmd, patch_rules, validate, yamlsrc
 from builder.errors import ConfigError, PatchError
 from builder.patch_rules import Outcome, Overlay
 
@@ -85,44 +85,44 @@ def load(patches_dir: Path, names: tuple[str, ...] | None = None) -> tuple[Patch
     available = sorted(p.name for p in patches_dir.iterdir() if (p / META).is_file())
     for name in names or ():
         if name not in available:
-            raise ConfigError(f"unknown patch '{name}' in {patches_dir}.{matrix.suggest(name, available)}")
+            raise ConfigError(f"unknown patch '{name}' in {patches_dir}.{validate.suggest(name, available)}")
     return tuple(load_one(patches_dir / name) for name in available if not names or name in names)
 
 
 def load_one(folder: Path) -> Patch:
     doc = yamlsrc.load(folder / META)
-    data = matrix._mapping(doc, (), doc.data, META_KEYS)
+    data = validate.mapping(doc, (), doc.data, META_KEYS)
     for key in ("summary", "why", "component", "versions", "upstream", "change"):
-        matrix._require(doc, (), data, key)
-    component = matrix._choice(COMPONENTS)(doc, ("component",), data["component"])
+        validate.require(doc, (), data, key)
+    component = validate.choice(COMPONENTS)(doc, ("component",), data["component"])
     try:
-        versions = SpecifierSet(matrix._str(doc, ("versions",), data["versions"]))
+        versions = SpecifierSet(validate.text(doc, ("versions",), data["versions"]))
     except InvalidSpecifier:
         raise doc.fail(("versions",), f"{data['versions']!r} is not a version specifier (for example '>=0.11,<0.19')") from None
-    upstream = matrix._mapping(doc, ("upstream",), data["upstream"], UPSTREAM_KEYS)
-    links = matrix._list(matrix._str)(doc, ("upstream", "links"), matrix._require(doc, ("upstream",), upstream, "links"))
+    upstream = validate.mapping(doc, ("upstream",), data["upstream"], UPSTREAM_KEYS)
+    links = validate.list_of(validate.text)(doc, ("upstream", "links"), validate.require(doc, ("upstream",), upstream, "links"))
     detect = tuple(_detect(doc, ("upstream", "detect", i), d) for i, d in enumerate(upstream.get("detect") or ()))
-    change = matrix._mapping(doc, ("change",), data["change"], CHANGE_KEYS)
+    change = validate.mapping(doc, ("change",), data["change"], CHANGE_KEYS)
     if len(change) != 1:
         raise doc.fail(("change",), "give exactly one of 'diff: FILE' or 'rule: NAME'")
     diff = rule = None
     if "diff" in change:
-        diff = folder / matrix._str(doc, ("change", "diff"), change["diff"])
+        diff = folder / validate.text(doc, ("change", "diff"), change["diff"])
         if not diff.is_file():
             raise doc.fail(("change", "diff"), f"{diff} does not exist")
     else:
-        rule = matrix._str(doc, ("change", "rule"), change["rule"])
+        rule = validate.text(doc, ("change", "rule"), change["rule"])
         if rule not in patch_rules.RULES:
-            raise doc.fail(("change", "rule"), f"unknown rule '{rule}'.{matrix.suggest(rule, patch_rules.RULES)}")
+            raise doc.fail(("change", "rule"), f"unknown rule '{rule}'.{validate.suggest(rule, patch_rules.RULES)}")
     fixed_in = upstream.get("fixed_in")
     return Patch(
         name=folder.name,
         folder=folder,
-        summary=matrix._str(doc, ("summary",), data["summary"]),
-        why=matrix._str(doc, ("why",), data["why"]).strip(),
+        summary=validate.text(doc, ("summary",), data["summary"]),
+        why=validate.text(doc, ("why",), data["why"]).strip(),
         component=component,
         versions=versions,
-        fixed_in=None if fixed_in is None else matrix._str(doc, ("upstream", "fixed_in"), fixed_in),
+        fixed_in=None if fixed_in is None else validate.text(doc, ("upstream", "fixed_in"), fixed_in),
         links=links,
         detect=detect,
         diff=diff,
@@ -131,10 +131,10 @@ def load_one(folder: Path) -> Patch:
 
 
 def _detect(doc: yamlsrc.Located, path: yamlsrc.DocPath, value: Any) -> Detect:
-    d = matrix._mapping(doc, path, value, DETECT_KEYS)
+    d = validate.mapping(doc, path, value, DETECT_KEYS)
     return Detect(
-        file=matrix._str(doc, (*path, "file"), matrix._require(doc, path, d, "file")),
-        contains=matrix._str(doc, (*path, "contains"), matrix._require(doc, path, d, "contains")),
+        file=validate.text(doc, (*path, "file"), validate.require(doc, path, d, "file")),
+        contains=validate.text(doc, (*path, "contains"), validate.require(doc, path, d, "contains")),
     )
 
 
