@@ -1,30 +1,66 @@
-"""Build stage: base image, build context, BuildKit build of one planned target."""
+"""Build stage: base images, then each stage image of a planned target, reusing what exists.
+
+Stage images are content-addressed (``sparkbuild/stages:<stage>-<hash>``). A stage already in the
+engine is reused; one in the registry is pulled (another runner built it); otherwise it is built
+and pushed, so the next runner reuses it. The last stage is the target's image.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-from builder import base_image, log
+from builder import base_image, binaries, log
 from builder.engine import Engine
+from builder.errors import ConfigError
 from builder.options import Options
-from builder.plan import TargetPlan
+from builder.plan import STAGE_REPOSITORY, StagePlan, TargetPlan
+from builder.registry import Registry
+
+Action = Literal["built", "reused", "pulled"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageOutcome:
+    name: str
+    ref: str
+    action: Action
+    seconds: float
+
+    def to_json(self) -> dict[str, object]:
+        return {"stage": self.name, "ref": self.ref, "action": self.action, "seconds": round(self.seconds, 1)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildResult:
+    image: str
+    stages: tuple[StageOutcome, ...]
+
+    def summary(self) -> str:
+        return ", ".join(f"{s.name} {s.action}" for s in self.stages)
 
 
 def local_ref(plan: TargetPlan) -> str:
     return f"{plan.repository}:{plan.content_tag}"
 
 
-def write_context(plan: TargetPlan, folder: Path) -> Path:
-    """Lay out the build context: Dockerfile, profile files, manifest, and local wheels to mount."""
+def write_context(plan: TargetPlan, stage: StagePlan, folder: Path) -> Path:
+    """Lay out one stage's build context: Dockerfile, the files it uses, the manifest, local wheels."""
     shutil.rmtree(folder, ignore_errors=True)
     (folder / "wheels").mkdir(parents=True)
-    (folder / "Dockerfile").write_text(plan.rendered.dockerfile, encoding="utf-8")
-    for name, content in plan.rendered.files:
+    (folder / "Dockerfile").write_text(stage.rendered.dockerfile, encoding="utf-8")
+    for name, content in stage.rendered.files:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_bytes(content)
-    (folder / "sparkbuild-manifest.json").write_text(json.dumps(plan.manifest(), indent=2, sort_keys=True) + "\n")
+    if stage.final:
+        (folder / "sparkbuild-manifest.json").write_text(json.dumps(plan.manifest(), indent=2, sort_keys=True) + "\n")
     for wheel in plan.wheel_files:
         try:
             os.link(wheel, folder / "wheels" / wheel.name)
@@ -33,22 +69,90 @@ def write_context(plan: TargetPlan, folder: Path) -> Path:
     return folder
 
 
-def build(engine: Engine, plan: TargetPlan, opts: Options) -> str:
-    """Build the target's image into the engine; returns its local reference."""
-    base_image.ensure(engine, plan.target.base, plan.target.platform, opts.cache / "rootfs")
-    context = write_context(plan, opts.cache / "contexts" / plan.id)
+def write_contexts(plan: TargetPlan, folder: Path) -> list[Path]:
+    """Every stage's context under ``folder/NN-<stage>/`` (what ``sparkbuild render`` writes)."""
+    return [write_context(plan, s, folder / f"{i:02d}-{s.name}") for i, s in enumerate(plan.stages, 1)]
+
+
+def build(engine: Engine, plan: TargetPlan, opts: Options, registry: Registry | None = None) -> BuildResult:
+    """Build the target's stages into the engine; returns its image reference and what each stage did."""
+    if plan.unresolved:
+        raise ConfigError(
+            f"{plan.target.where}: {', '.join(plan.unresolved)} not pinned to a commit; "
+            "add 'commit:' in the matrix (`git ls-remote REPO REF` prints it) before building"
+        )
+    for base in dict.fromkeys((plan.target.base, plan.target.source_base, plan.target.runtime_base)):
+        base_image.ensure(engine, base, plan.target.platform, opts.cache / "rootfs")
+    if plan.jobs is not None:
+        log.info(f"build jobs: MAX_JOBS={plan.jobs.max_jobs} NVCC_THREADS={plan.jobs.nvcc_threads} ({plan.jobs.why})")
+    outcomes = [ensure_stage(engine, registry, plan, stage, opts) for stage in plan.stages]
+    if plan.target.profile == "spark":
+        check_binaries(engine, plan.stages[-1].ref, plan.target.arch_list, opts.out / plan.id)
+    result = BuildResult(image=plan.stages[-1].ref, stages=tuple(outcomes))
+    out = opts.out / plan.id
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "stages.json").write_text(json.dumps([s.to_json() for s in outcomes], indent=2) + "\n")
+    log.info(f"{plan.id}: {result.summary()}")
+    return result
+
+
+def ensure_stage(engine: Engine, registry: Registry | None, plan: TargetPlan, stage: StagePlan, opts: Options) -> StageOutcome:
+    start = time.monotonic()
+    action: Action = "built"
+    in_registry = not stage.final and registry is not None and registry.digest(STAGE_REPOSITORY, _tag(stage)) is not None
+    if engine.image_exists(stage.ref):
+        log.info(f"stage {stage.name}: {stage.ref} is in the engine; reused")
+        action = "reused"
+    elif in_registry:
+        assert registry is not None
+        engine.pull(f"{registry.host}/{STAGE_REPOSITORY}", _tag(stage), plan.target.platform)
+        engine.tag(f"{registry.host}/{stage.ref}", STAGE_REPOSITORY, _tag(stage))
+        action = "pulled"
+    else:
+        _build_stage(engine, plan, stage, opts)
+    if not stage.final and registry is not None and not in_registry:
+        # Built here, or made by an earlier run without a registry: share it with other runners.
+        engine.tag(stage.ref, f"{registry.host}/{STAGE_REPOSITORY}", _tag(stage))
+        engine.push(f"{registry.host}/{STAGE_REPOSITORY}", _tag(stage))
+    return StageOutcome(name=stage.name, ref=stage.ref, action=action, seconds=time.monotonic() - start)
+
+
+def _tag(stage: StagePlan) -> str:
+    return stage.ref.rsplit(":", 1)[1]
+
+
+def _build_stage(engine: Engine, plan: TargetPlan, stage: StagePlan, opts: Options) -> None:
+    context = write_context(plan, stage, opts.cache / "contexts" / plan.id / stage.name)
     secrets = {"pip-ca": opts.ca_bundle} if opts.ca_bundle and opts.ca_bundle.is_file() else {}
     if not secrets:
         log.info(f"no CA bundle at {opts.ca_bundle}: pip in the build uses the image's own certificates")
-    ref = local_ref(plan)
-    with log.step(f"Building {ref}"):
+    labels = plan.labels if stage.final else {"io.sparkbuild.stage": stage.name, "io.sparkbuild.content-hash": stage.content_hash}
+    with log.step(f"Building stage {stage.name} of {plan.id}: {stage.ref}"):
         engine.build(
             context=context,
-            tag=ref,
+            tag=stage.ref,
             platform=plan.target.platform,
-            labels=plan.labels,
-            build_args={**dict(plan.target.build_args), **plan.source_args},
+            labels=labels,
+            build_args=plan.build_args(),
             secrets=secrets,
-            log_file=opts.out / plan.id / "build.log",
+            log_file=opts.out / plan.id / f"build-{stage.name}.log",
         )
-    return ref
+
+
+def check_binaries(engine: Engine, image: str, arch_list: str, out: Path) -> tuple[binaries.FileReport, ...]:
+    """Run check-binary on vLLM's compiled extensions in the image, for the newest arch asked for.
+
+    The image's build-time check wrote where vLLM is installed (``installed.json``).
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        info = engine.copy_out(image, "/opt/sparkbuild/installed.json", Path(tmp))
+        vllm_path = json.loads(info.read_text())["vllm_path"]
+        folder = engine.copy_out(image, vllm_path, Path(tmp) / "image")
+        device = binaries.Arch.parse(re.split(r"[;\s,]+", arch_list.strip())[-1])
+        reports = binaries.check([folder], device)
+        shown = binaries.table(reports, device).replace(str(folder), vllm_path)
+    log.info(shown)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "check-binary.txt").write_text(shown + "\n")
+    binaries.require(reports, device)
+    return reports

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shlex
 import signal
 import sys
 from collections.abc import Callable
@@ -12,7 +14,7 @@ from typing import Any, TypeVar
 
 import click
 
-from builder import __version__, build, log, model, patch, pipeline, plan, publish, sources, verify
+from builder import __version__, binaries, build, log, model, patch, pipeline, plan, publish, sources, verify
 from builder.errors import ConfigError, FatalError, PatchError, VerifyError
 from builder.options import Options
 
@@ -59,6 +61,15 @@ def plan_cmd(as_json: bool, **kwargs: Any) -> None:
         click.echo(f"  torch:   {p.target.torch}   cuda: {p.target.cuda or 'none'}{arch}")
         click.echo(f"  base:    {p.base_ref}")
         click.echo(f"  patches: {', '.join(p.target.patches) or 'none'}")
+        if p.jobs is not None:
+            click.echo(f"  jobs:    MAX_JOBS={p.jobs.max_jobs} NVCC_THREADS={p.jobs.nvcc_threads}  ({p.jobs.why})")
+        if p.target.serve.command():
+            click.echo(f"  serve:   {shlex.join(p.target.serve.command())}")
+        for s in p.stages:
+            needs = f"  (uses {', '.join(s.rendered.needs)})" if s.rendered.needs else ""
+            click.echo(f"  stage:   {s.name:<11} {s.ref}{needs}")
+        if p.unresolved:
+            click.echo(f"  UNRESOLVED: {', '.join(p.unresolved)} (no commit: build refuses; add 'commit:')")
         click.echo(f"  steps:   {' -> '.join(p.steps)}")
         click.echo(f"  image:   {p.repository}:{p.content_tag}")
         click.echo(f"  tags:    {', '.join(p.tags)}")
@@ -68,22 +79,40 @@ def plan_cmd(as_json: bool, **kwargs: Any) -> None:
 @selection
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("sparkbuild-out/render"), show_default=True)
 def render_cmd(out_dir: Path, **kwargs: Any) -> None:
-    """Write each target's Dockerfile and build context files to OUT/<target>/."""
+    """Write each target's stage Dockerfiles and context files to OUT/<target>/NN-<stage>/."""
     for p in plan.make(make_options(**kwargs)):
-        folder = build.write_context(p, out_dir / p.id)
-        click.echo(f"{p.id}: {folder / 'Dockerfile'}")
+        for folder in build.write_contexts(p, out_dir / p.id):
+            click.echo(f"{p.id}: {folder / 'Dockerfile'}")
+        if p.unresolved:
+            log.warning(f"{p.id}: {', '.join(p.unresolved)} not pinned to a commit; `sparkbuild build` refuses it until pinned")
 
 
 @cli.command("build")
 @selection
-def build_cmd(**kwargs: Any) -> None:
+@click.option(
+    "--registry", help="host:port to pull and push stage images (default: SPARKBUILD_REGISTRY; none: stages stay local)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print each image and what its stages did as JSON.")
+def build_cmd(registry: str | None, as_json: bool, **kwargs: Any) -> None:
     """Build the images of the selected targets (no verify, no publish)."""
     from builder.engine import Engine
 
-    opts = make_options(**kwargs)
+    opts = make_options(registry=registry, **kwargs)
     engine = Engine()
-    for p in plan.make(opts):
-        click.echo(build.build(engine, p, opts))
+    plans = plan.make(opts)
+    with contextlib.ExitStack() as stack:
+        reg = stack.enter_context(pipeline.open_registry(opts)) if opts.registry else None
+        results = [build.build(engine, p, opts, reg) for p in plans]
+    if as_json:
+        emit_json(
+            [
+                {"target": p.id, "image": r.image, "stages": [s.to_json() for s in r.stages]}
+                for p, r in zip(plans, results, strict=True)
+            ]
+        )
+        return
+    for p, r in zip(plans, results, strict=True):
+        click.echo(f"{p.id}: {r.image}  ({r.summary()})")
 
 
 @cli.command("model")
@@ -239,6 +268,24 @@ def patch_apply_cmd(**kwargs: Any) -> None:
     click.echo(patch.table(report), err=True)
     written = patch.apply(report)
     log.info(f"patched {len(written)} file(s) in {report.source}; record in {patch.RECORD}")
+
+
+@cli.command("check-binary")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--arch", default="12.1a", show_default=True, help="The GPU the code must run on (12.1a: the DGX Spark).")
+@click.option("--json", "as_json", is_flag=True, help="Print one entry per file as JSON.")
+def check_binary_cmd(paths: tuple[Path, ...], arch: str, as_json: bool) -> None:
+    """List the SASS/PTX targets in CUDA objects and libraries; fail naming each file that cannot run on ARCH.
+
+    Folders are searched for *.so and *.o. Uses cuobjdump (PyPI: nvidia-cuda-cuobjdump).
+    """
+    device = binaries.Arch.parse(arch)
+    reports = binaries.check(list(paths), device)
+    if as_json:
+        emit_json([r.to_json() for r in reports])
+    else:
+        click.echo(binaries.table(reports, device))
+    binaries.require(reports, device)
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:

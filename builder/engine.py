@@ -149,11 +149,14 @@ class Engine:
         build_args: Mapping[str, str],
         secrets: Mapping[str, Path],
         log_file: Path,
+        target: str | None = None,
     ) -> str:
         """Build ``context/Dockerfile`` with BuildKit; returns the image id. Output goes to the log too."""
         args: list[str] = [*self.cli.prefix, "--progress", "plain", "--network", "host", "--platform", platform, "--tag", tag]
         if self.cli.prefix[-2:] == ("buildx", "build"):
             args.append("--load")
+        if target is not None:
+            args += ["--target", target]
         for key, value in sorted(labels.items()):
             args += ["--label", f"{key}={value}"]
         for key, value in sorted(build_args.items()):
@@ -186,6 +189,13 @@ class Engine:
         log.info(f"+ docker tag {source} {repository}:{tag}  (SDK)")
         self.client.images.get(source).tag(repository, tag)
 
+    def pull(self, repository: str, tag: str, platform: str) -> None:
+        log.info(f"+ docker pull --platform {platform} {repository}:{tag}  (SDK)")
+        try:
+            self.client.images.pull(repository, tag=tag, platform=platform)
+        except docker.errors.APIError as exc:
+            raise EngineError(f"pull of {repository}:{tag} failed: {exc.explanation}") from None
+
     def push(self, repository: str, tag: str) -> str:
         """Push through the SDK; returns the manifest digest the registry reported."""
         log.info(f"+ docker push {repository}:{tag}  (SDK)")
@@ -198,6 +208,28 @@ class Engine:
         if digest is None:
             raise PublishError(f"push of {repository}:{tag} reported no digest")
         return str(digest)
+
+    def copy_out(self, image: str, path: str, dest: Path) -> Path:
+        """Copy ``path`` out of ``image`` into ``dest`` (a created, never started container)."""
+        log.info(f"+ docker create {image}; docker cp CONTAINER:{path} {dest}  (SDK)")
+        try:
+            container = self.client.containers.create(image, command=["true"], entrypoint=[])
+        except docker.errors.APIError as exc:
+            raise EngineError(f"could not create a container from {image}: {exc.explanation}") from None
+        try:
+            stream, _ = container.get_archive(path)
+            dest.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile() as buffer:
+                for chunk in stream:
+                    buffer.write(chunk)
+                buffer.seek(0)
+                with tarfile.open(fileobj=buffer) as tar:
+                    tar.extractall(dest, filter="data")
+        except docker.errors.NotFound:
+            raise EngineError(f"{image} has no {path}") from None
+        finally:
+            container.remove(force=True)
+        return dest / Path(path).name
 
     # --- containers ------------------------------------------------------------------------
 

@@ -58,3 +58,9 @@ class SourceError(FatalError):
     """An upstream source could not be fetched, or its checksum did not match."""
 
     exit_code = 10
+
+
+class BinaryCheckError(FatalError):
+    """A CUDA object or library has no GPU code that can run on the asked arch."""
+
+    exit_code = 11

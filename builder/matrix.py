@@ -24,6 +24,13 @@ PLATFORMS = ("linux/arm64", "linux/amd64")
 APIS = ("completions", "chat")
 TAG_FIELDS = ("vllm_version", "date", "id")
 _TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+DEFAULT_REPOS = {
+    "vllm": "https://github.com/vllm-project/vllm.git",
+    "flashinfer": "https://github.com/flashinfer-ai/flashinfer.git",
+    "triton": "https://github.com/triton-lang/triton.git",
+    "cutlass": "https://github.com/NVIDIA/cutlass.git",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,6 +41,59 @@ class VllmSource:
     spec: str
     repo: str | None
     version: str
+    # The commit the ref is pinned to (40 hex digits); None until someone pins it.
+    commit: str | None = None
+
+    def git(self) -> GitSource:
+        """The git source of a ``version`` (tag ``vX.Y.Z``) or ``ref`` target."""
+        ref = f"v{self.spec}" if self.kind == "version" else self.spec
+        return GitSource(repo=self.repo or DEFAULT_REPOS["vllm"], ref=ref, commit=self.commit)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GitSource:
+    """A component built from git: ``ref`` (tag or branch) pinned to ``commit``."""
+
+    repo: str
+    ref: str
+    commit: str | None
+
+    @property
+    def version(self) -> str:
+        return self.ref[1:] if re.match(r"v\d", self.ref) else self.ref
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildJobs:
+    """Overrides of the memory-sized build parallelism; None keeps the computed value."""
+
+    max_jobs: int | None = None
+    nvcc_threads: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Serve:
+    """Serving defaults baked into the image's default command."""
+
+    gpu_memory_utilization: float | None = None
+    max_num_seqs: int | None = None
+    max_model_len: int | None = None
+    cudagraph_capture_sizes: tuple[int, ...] = ()
+    args: tuple[str, ...] = ()
+
+    def command(self) -> tuple[str, ...]:
+        """``vllm serve`` options, in a stable order."""
+        out: list[str] = []
+        if self.gpu_memory_utilization is not None:
+            out += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
+        if self.max_num_seqs is not None:
+            out += ["--max-num-seqs", str(self.max_num_seqs)]
+        if self.max_model_len is not None:
+            out += ["--max-model-len", str(self.max_model_len)]
+        if self.cudagraph_capture_sizes:
+            sizes = ", ".join(map(str, self.cudagraph_capture_sizes))
+            out += ["--compilation-config", f'{{"cudagraph_capture_sizes": [{sizes}]}}']
+        return (*out, *self.args)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,12 +141,20 @@ class Target:
     profile: Literal["local", "spark"]
     platform: str
     vllm: VllmSource
-    triton: str | None
-    flashinfer: str | None
+    triton: GitSource | None
+    flashinfer: GitSource | None
+    cutlass: GitSource | None
     cuda: str | None
     torch: str
     torch_index: str
     base: Base
+    # Spark: where sources are fetched and patched (build platform) and what the image runs on.
+    source_base: Base
+    runtime_base: Base
+    # Where the runtime takes CUDA 13's ptxas from, for Triton (default: base).
+    ptxas_base: Base
+    build_jobs: BuildJobs
+    serve: Serve
     arch_list: str
     patches: tuple[str, ...]
     check: Check
@@ -120,8 +188,56 @@ def _build_args(doc: Located, path: DocPath, value: Any) -> tuple[tuple[str, str
     return tuple(sorted((k, validate.text(doc, (*path, k), v)) for k, v in value.items()))
 
 
+def _commit(doc: Located, path: DocPath, value: Any) -> str | None:
+    if value is None:
+        return None
+    text = validate.text(doc, path, value)
+    if not _COMMIT_RE.match(text):
+        raise doc.fail(path, f"'{text}' is not a full commit SHA (40 hex digits); `git ls-remote REPO REF` prints it")
+    return text
+
+
+def _git(component: str) -> validate.Validator:
+    def check(doc: Located, path: DocPath, value: Any) -> GitSource | None:
+        if value is None:
+            return None
+        spec = validate.mapping(doc, path, value, ("ref", "commit", "repo"))
+        return GitSource(
+            repo=validate.text(doc, (*path, "repo"), spec.get("repo", DEFAULT_REPOS[component])),
+            ref=validate.text(doc, (*path, "ref"), validate.require(doc, path, spec, "ref")),
+            commit=_commit(doc, (*path, "commit"), spec.get("commit")),
+        )
+
+    return check
+
+
+def _build_jobs(doc: Located, path: DocPath, value: Any) -> BuildJobs:
+    spec = validate.mapping(doc, path, value, ("max_jobs", "nvcc_threads"))
+    return BuildJobs(**{k: validate.positive_int(doc, (*path, k), v) for k, v in spec.items() if v is not None})
+
+
+def _fraction(doc: Located, path: DocPath, value: Any) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 1:
+        return float(value)
+    raise doc.fail(path, f"expected a fraction of memory in (0, 1], like 0.75, got {validate.type_name(value)}")
+
+
+SERVE_KEYS: dict[str, validate.Validator] = {
+    "gpu_memory_utilization": _fraction,
+    "max_num_seqs": validate.positive_int,
+    "max_model_len": validate.positive_int,
+    "cudagraph_capture_sizes": validate.list_of(validate.positive_int),
+    "args": validate.list_of(validate.text),
+}
+
+
+def _serve(doc: Located, path: DocPath, value: Any) -> Serve:
+    spec = validate.mapping(doc, path, value, SERVE_KEYS)
+    return Serve(**{k: SERVE_KEYS[k](doc, (*path, k), v) for k, v in spec.items() if v is not None})
+
+
 def _vllm(doc: Located, path: DocPath, value: Any) -> VllmSource:
-    spec = validate.mapping(doc, path, value, ("version", "ref", "repo", "wheel"))
+    spec = validate.mapping(doc, path, value, ("version", "ref", "repo", "wheel", "commit"))
     kinds = [k for k in ("version", "ref", "wheel") if k in spec]
     if len(kinds) != 1:
         raise doc.fail(path, "give exactly one of 'version', 'ref' or 'wheel'")
@@ -135,7 +251,10 @@ def _vllm(doc: Located, path: DocPath, value: Any) -> VllmSource:
         version = match.group(2)
     else:
         version = text[1:] if kind == "ref" and re.match(r"v\d", text) else text
-    return VllmSource(kind=kind, spec=text, repo=repo, version=re.sub(r"[^A-Za-z0-9_.-]", "-", version))
+    commit = _commit(doc, (*path, "commit"), spec.get("commit"))
+    if kind == "wheel" and commit is not None:
+        raise doc.fail((*path, "commit"), "a PyPI wheel is pinned by its version; 'commit' is for 'version:' or 'ref:'")
+    return VllmSource(kind=kind, spec=text, repo=repo, version=re.sub(r"[^A-Za-z0-9_.-]", "-", version), commit=commit)
 
 
 # --- target keys and their validators ----------------------------------------------------------
@@ -145,12 +264,18 @@ TARGET_KEYS: dict[str, validate.Validator] = {
     "profile": validate.choice(PROFILES),
     "platform": validate.choice(PLATFORMS),
     "vllm": _vllm,
-    "triton": validate.opt_text,
-    "flashinfer": validate.opt_text,
+    "triton": _git("triton"),
+    "flashinfer": _git("flashinfer"),
+    "cutlass": _git("cutlass"),
     "cuda": validate.opt_text,
     "torch": validate.text,
     "torch_index": validate.text,
     "base": validate.text,
+    "source_base": validate.opt_text,
+    "runtime_base": validate.opt_text,
+    "ptxas_base": validate.opt_text,
+    "build_jobs": _build_jobs,
+    "serve": _serve,
     "arch_list": validate.text,
     "patches": validate.list_of(validate.text),
     "check": validate.text,
@@ -263,6 +388,9 @@ def _target(
         return known[name]
 
     check, base = named("check", checks, "check"), named("base", bases, "base")
+    source_base = named("source_base", bases, "base") if values.get("source_base") else base
+    runtime_base = named("runtime_base", bases, "base") if values.get("runtime_base") else base
+    ptxas_base = named("ptxas_base", bases, "base") if values.get("ptxas_base") else base
     for i, patch in enumerate(values["patches"]):
         if not (patches_dir / patch).is_dir():
             _, src, p = merged["patches"]
@@ -277,10 +405,16 @@ def _target(
         vllm=vllm,
         triton=values["triton"],
         flashinfer=values["flashinfer"],
+        cutlass=values["cutlass"],
         cuda=values["cuda"],
         torch=values["torch"],
         torch_index=values["torch_index"],
         base=base,
+        source_base=source_base,
+        runtime_base=runtime_base,
+        ptxas_base=ptxas_base,
+        build_jobs=values["build_jobs"],
+        serve=values["serve"],
         arch_list=values["arch_list"],
         patches=values["patches"],
         check=check,
@@ -291,6 +425,13 @@ def _target(
     )
 
 
+SPARK_NEEDS = {
+    "cuda": '"13.0"',
+    "cutlass": "{ref: v4.2.1, commit: <sha>}: vLLM's CMakeLists.txt names the tag in CUTLASS_REVISION",
+    "runtime_base": "a CUDA runtime image from bases:, pinned by digest",
+}
+
+
 def _profile_rules(merged: dict[str, Sourced], values: dict[str, Any]) -> None:
     _, src, p = merged["vllm"]
     if values["profile"] == "local" and values["vllm"].kind != "wheel":
@@ -298,9 +439,10 @@ def _profile_rules(merged: dict[str, Sourced], values: dict[str, Any]) -> None:
     if values["profile"] == "spark":
         if values["vllm"].kind == "wheel":
             raise src.fail(p, "the spark profile builds from source: use 'version:' or 'ref:'")
-        if values["cuda"] is None:
-            _, src, p = merged.get("profile", merged["vllm"])
-            raise src.fail(p, "the spark profile needs 'cuda:' (for example \"13.0\")")
+        _, src, p = merged.get("profile", merged["vllm"])
+        for key, example in SPARK_NEEDS.items():
+            if values[key] is None:
+                raise src.fail(p, f"the spark profile needs '{key}:' (for example {example})")
 
 
 def target_id(vllm_version: str, cuda: str | None, arch_list: str, platform: str) -> str:

@@ -12,6 +12,8 @@ from typing import Any
 
 import yaml
 
+from builder import toolchain
+
 
 @cache
 def defaults() -> dict[str, Any]:
@@ -47,6 +49,9 @@ class Options:
     registry: str | None = None
     torch_cpu_index: str = ""
     ca_bundle: Path | None = None
+    # What the compile may use: available memory (bytes) and cores where BuildKit runs.
+    build_memory: int = 0
+    build_cores: int = 1
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Options:
@@ -55,6 +60,11 @@ class Options:
         d = defaults()["options"]
         env = os.environ
         ca = env.get("SPARKBUILD_CA_BUNDLE", d["ca_bundle"])
+        memory, cores = toolchain.host_resources()
+        if env.get("SPARKBUILD_BUILD_MEMORY_GB"):
+            memory = int(float(env["SPARKBUILD_BUILD_MEMORY_GB"]) * toolchain.GIB)
+        if env.get("SPARKBUILD_BUILD_CORES"):
+            cores = int(env["SPARKBUILD_BUILD_CORES"])
         values: dict[str, Any] = {
             "matrix": Path(env.get("SPARKBUILD_MATRIX", root / "matrix.yaml")),
             "dockerfiles": Path(env.get("SPARKBUILD_DOCKERFILES", root / "dockerfiles")),
@@ -64,6 +74,8 @@ class Options:
             "registry": env.get("SPARKBUILD_REGISTRY") or None,
             "torch_cpu_index": env.get("SPARKBUILD_TORCH_CPU_INDEX", d["torch_cpu_index"]),
             "ca_bundle": Path(ca) if ca else None,
+            "build_memory": memory,
+            "build_cores": cores,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from builder import cmd, patch_rules, validate, yamlsrc
-from builder.errors import ConfigError, PatchError
+from builder.errors import ConfigError, FatalError, PatchError
 from builder.patch_rules import Outcome, Overlay
 
 Status = Literal["applies", "upstream", "not-applicable", "conflict"]
@@ -355,3 +356,35 @@ def table(report: Report) -> str:
 
 def default_dir() -> Path:
     return Path(os.environ.get("SPARKBUILD_PATCHES", Path(__file__).resolve().parent.parent / "patches"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m builder.patch check|apply``: the patch stage inside a container's source stage.
+
+    Needs only the standard library, PyYAML, packaging and git (no click, no Docker SDK), so a
+    source stage runs it from a copy of these modules. ``sparkbuild patch`` is the same for people.
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m builder.patch")
+    parser.add_argument("action", choices=("check", "apply"))
+    parser.add_argument("--source", type=Path, required=True)
+    parser.add_argument("--version", required=True, help="vLLM version of the tree")
+    parser.add_argument("--patches", type=Path, default=default_dir())
+    parser.add_argument("--patch", dest="names", action="append", default=[])
+    args = parser.parse_args(argv)
+    try:
+        report = check(args.source, load(args.patches, tuple(args.names) or None), args.version)
+        print(table(report), flush=True)
+        if args.action == "apply":
+            print(f"patched {len(apply(report))} file(s); record in {args.source / RECORD}", flush=True)
+        elif not report.ok:
+            raise PatchError("a patch conflicts with this tree (see above)")
+    except FatalError as exc:  # a conflict and a broken patch folder alike: one line, its exit code
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

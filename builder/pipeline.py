@@ -36,6 +36,7 @@ class TargetRun:
     image: str | None = None
     digest: str | None = None
     result: verify.VerifyResult | None = None
+    stages: tuple[build.StageOutcome, ...] = ()
     error: str | None = None
     seconds: float = 0.0
 
@@ -51,6 +52,7 @@ class TargetRun:
             if self.result
             else ("(verified when first published)" if self.status == "up to date" else "-"),
             "seconds": round(self.seconds, 1),
+            "stages": [s.to_json() for s in self.stages],
             "error": self.error,
         }
 
@@ -81,7 +83,8 @@ def find_published(ctx: Context, run: TargetRun) -> bool:
 
 def build_image(ctx: Context, run: TargetRun) -> bool:
     run.status = "building"
-    run.image = build.build(ctx.engine, run.plan, ctx.opts)
+    result = build.build(ctx.engine, run.plan, ctx.opts, ctx.registry)
+    run.image, run.stages = result.image, result.stages
     return True
 
 

@@ -12,11 +12,12 @@ import fnmatch
 import hashlib
 import json
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder import __version__, base_image, matrix, patch, render
+from builder import __version__, base_image, matrix, patch, render, toolchain
 from builder.errors import ConfigError
 from builder.matrix import Target
 from builder.options import Options
@@ -26,16 +27,39 @@ PLAN_FORMAT = 1
 STEPS = ("base", "build", "verify", "publish")
 
 
+STAGE_REPOSITORY = "sparkbuild/stages"
+# The patch engine as it runs inside a source stage: these modules and nothing that needs Docker.
+PATCH_ENGINE = ("__init__", "cmd", "errors", "log", "patch", "patch_rules", "validate", "yamlsrc")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StagePlan:
+    """One stage image: content-addressed, so equal inputs give one image shared by targets."""
+
+    rendered: render.Rendered
+    content_hash: str
+    ref: str
+    final: bool
+
+    @property
+    def name(self) -> str:
+        return self.rendered.name
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "ref": self.ref, "needs": list(self.rendered.needs), "content_hash": self.content_hash}
+
+
 @dataclass(frozen=True, kw_only=True)
 class TargetPlan:
     target: Target
     base_ref: str
-    rendered: render.Rendered
+    stages: tuple[StagePlan, ...]
     inputs: dict[str, Any]
     content_hash: str
     content_tag: str
     tags: tuple[str, ...]
     labels: dict[str, str]
+    jobs: toolchain.Jobs | None = None
     # Where pip finds wheels for this build: build args plus an optional local wheel to mount.
     source_args: dict[str, str] = field(default_factory=dict)
     wheel_files: tuple[Path, ...] = ()
@@ -48,6 +72,16 @@ class TargetPlan:
     @property
     def repository(self) -> str:
         return self.target.repository
+
+    @property
+    def unresolved(self) -> tuple[str, ...]:
+        """Git components not pinned to a commit: building them is refused."""
+        return unresolved(self.target)
+
+    def build_args(self) -> dict[str, str]:
+        """Build arguments: they change how fast or from where, never what is built."""
+        jobs = self.jobs.build_args() if self.jobs else {}
+        return {**dict(self.target.build_args), **self.source_args, **jobs}
 
     def manifest(self) -> dict[str, Any]:
         """The build manifest written into the image: every input, and the tag it gave."""
@@ -65,18 +99,33 @@ class TargetPlan:
             "id": self.id,
             "profile": self.target.profile,
             "platform": self.target.platform,
-            "vllm": {"kind": self.target.vllm.kind, "spec": self.target.vllm.spec, "version": self.target.vllm.version},
+            "vllm": {
+                "kind": self.target.vllm.kind,
+                "spec": self.target.vllm.spec,
+                "version": self.target.vllm.version,
+                "commit": self.target.vllm.commit,
+            },
             "repository": self.repository,
             "content_tag": self.content_tag,
             "tags": list(self.tags),
             "content_hash": self.content_hash,
             "base": self.base_ref,
+            "stages": [s.to_json() for s in self.stages],
+            "build_jobs": None if self.jobs is None else {"max_jobs": self.jobs.max_jobs, "nvcc_threads": self.jobs.nvcc_threads},
+            "unresolved": list(self.unresolved),
             "steps": list(self.steps),
             "check": self.target.check.name,
             "inputs": self.inputs,
             "labels": self.labels,
             "sources": self.source_args,
         }
+
+
+def unresolved(target: Target) -> tuple[str, ...]:
+    if target.profile != "spark":
+        return ()
+    sources = {"vllm": target.vllm.git(), "flashinfer": target.flashinfer, "triton": target.triton, "cutlass": target.cutlass}
+    return tuple(f"{name} {src.ref}" for name, src in sources.items() if src is not None and src.commit is None)
 
 
 def select(targets: tuple[Target, ...], only: tuple[str, ...], profile: str | None) -> tuple[Target, ...]:
@@ -101,46 +150,117 @@ def make(opts: Options) -> tuple[TargetPlan, ...]:
 
 def plan_target(target: Target, patches_dir: Path, opts: Options) -> TargetPlan:
     base_ref, base_identity = base_image.reference(target.base, target.platform)
-    variables = {
-        "base_image": base_ref,
-        "torch": target.torch,
-        "vllm_wheel": target.vllm.spec,
-        "vllm_version": target.vllm.version,
-        "target": target,
-    }
-    rendered = render.render(opts.dockerfiles, target.profile, variables)
     patches = {name: patch.digest(patches_dir, name) for name in target.patches}
+    stages = plan_stages(target, patches_dir, opts)
     inputs: dict[str, Any] = {
         "format": PLAN_FORMAT,
         "id": target.id,
         "profile": target.profile,
         "platform": target.platform,
-        "vllm": {"kind": target.vllm.kind, "spec": target.vllm.spec, "repo": target.vllm.repo},
-        "triton": target.triton,
-        "flashinfer": target.flashinfer,
+        "vllm": {"kind": target.vllm.kind, "spec": target.vllm.spec, "repo": target.vllm.repo, "commit": target.vllm.commit},
+        "triton": _git_input(target.triton),
+        "flashinfer": _git_input(target.flashinfer),
+        "cutlass": _git_input(target.cutlass),
         "cuda": target.cuda,
         "torch": target.torch,
         "arch_list": target.arch_list,
         "base": base_identity,
         "patches": patches,
-        "dockerfile": rendered.digest(),
+        "stages": {s.name: s.content_hash for s in stages},
+        "serve": list(target.serve.command()),
         "build_args": dict(target.build_args),
     }
     content_hash = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+    content_tag = f"{target.id}-{content_hash[:12]}"
+    final = stages[-1]
+    stages = (
+        *stages[:-1],
+        StagePlan(rendered=final.rendered, content_hash=content_hash, ref=f"{target.repository}:{content_tag}", final=True),
+    )
     fields = {"vllm_version": target.vllm.version, "date": opts.date, "id": target.id}
     source_args, wheels = torch_source(target, opts)
     return TargetPlan(
         target=target,
         base_ref=base_ref,
-        rendered=rendered,
+        stages=stages,
         inputs=inputs,
         content_hash=content_hash,
-        content_tag=f"{target.id}-{content_hash[:12]}",
+        content_tag=content_tag,
         tags=tuple(t.format(**fields) for t in target.tags),
         labels=labels(target, base_identity, patches, content_hash),
+        jobs=toolchain.build_jobs(opts.build_memory, opts.build_cores, target.build_jobs) if target.profile == "spark" else None,
         source_args=source_args,
         wheel_files=wheels,
     )
+
+
+def _git_input(source: matrix.GitSource | None) -> dict[str, Any] | None:
+    return None if source is None else {"repo": source.repo, "ref": source.ref, "commit": source.commit}
+
+
+def template_variables(target: Target) -> dict[str, Any]:
+    """What the stage templates see. Everything here is an input of the stage that uses it."""
+    refs = {name: base_image.reference(b, target.platform)[0] for name, b in _bases(target).items()}
+    spark = target.profile == "spark"
+    return {
+        "target": target,
+        "base_image": refs["base"],
+        "source_base_image": refs["source_base"],
+        "runtime_base_image": refs["runtime_base"],
+        "ptxas_image": refs["ptxas_base"],
+        "torch": target.torch,
+        "vllm_wheel": target.vllm.spec,
+        "vllm_version": target.vllm.version,
+        "vllm_git": target.vllm.git() if spark else None,
+        "flashinfer_arch_list": toolchain.flashinfer_arch_list(target.flashinfer.version, target.arch_list)
+        if target.flashinfer
+        else None,
+        "serve_command": target.serve.command(),
+        "patches": target.patches,
+        "unresolved": "unresolved",
+    }
+
+
+def _bases(target: Target) -> dict[str, matrix.Base]:
+    return {
+        "base": target.base,
+        "source_base": target.source_base,
+        "runtime_base": target.runtime_base,
+        "ptxas_base": target.ptxas_base,
+    }
+
+
+def plan_stages(target: Target, patches_dir: Path, opts: Options) -> tuple[StagePlan, ...]:
+    def ref_of(stage: render.Rendered) -> str:
+        return f"{STAGE_REPOSITORY}:{stage.name}-{stage_hash(target, stage)[:16]}"
+
+    rendered = render.render(
+        opts.dockerfiles,
+        target.profile,
+        template_variables(target),
+        stage_ref=ref_of,
+        resources=resources(target, patches_dir),
+    )
+    return tuple(StagePlan(rendered=r, content_hash=stage_hash(target, r), ref=ref_of(r), final=False) for r in rendered)
+
+
+def stage_hash(target: Target, stage: render.Rendered) -> str:
+    """A stage's identity: its Dockerfile (which names every input and earlier stage) and files."""
+    key = {"format": PLAN_FORMAT, "profile": target.profile, "platform": target.platform, "stage": stage.name}
+    return hashlib.sha256(json.dumps({**key, "digest": stage.digest()}, sort_keys=True).encode()).hexdigest()
+
+
+def resources(target: Target, patches_dir: Path) -> dict[str, render.Files]:
+    """Context files a stage can ask for with ``file()`` beyond its profile folder."""
+    patch_files: list[tuple[str, bytes]] = []
+    for name in target.patches:
+        folder = patches_dir / name
+        patch_files += [
+            (f"patches/{name}/{f.relative_to(folder)}", f.read_bytes()) for f in sorted(folder.rglob("*")) if f.is_file()
+        ]
+    package = Path(__file__).resolve().parent
+    engine = [(f"sparkbuild/builder/{m}.py", (package / f"{m}.py").read_bytes()) for m in PATCH_ENGINE]
+    return {"patches": tuple(patch_files), "sparkbuild": tuple(engine)}
 
 
 def labels(target: Target, base_identity: str, patches: dict[str, str], content_hash: str) -> dict[str, str]:
@@ -149,14 +269,15 @@ def labels(target: Target, base_identity: str, patches: dict[str, str], content_
         f"{oci}.title": f"vLLM {target.vllm.version} ({target.id})",
         f"{oci}.description": "vLLM built, patched and verified by sparkbuild",
         f"{oci}.version": target.vllm.version,
-        f"{oci}.revision": target.vllm.spec if target.vllm.kind == "wheel" else "unresolved",
+        f"{oci}.revision": target.vllm.spec if target.vllm.kind == "wheel" else (target.vllm.commit or "unresolved"),
         f"{oci}.source": target.vllm.repo or "https://github.com/vllm-project/vllm",
         f"{oci}.base.name": target.base.image or f"debootstrap:{target.base.name}",
         "io.sparkbuild.target": target.id,
         "io.sparkbuild.content-hash": content_hash,
         "io.sparkbuild.vllm.version": target.vllm.version,
         "io.sparkbuild.vllm.source": f"{target.vllm.kind}:{target.vllm.spec}",
-        "io.sparkbuild.vllm.commit": "none (PyPI wheel)" if target.vllm.kind == "wheel" else "unresolved",
+        "io.sparkbuild.vllm.commit": "none (PyPI wheel)" if target.vllm.kind == "wheel" else (target.vllm.commit or "unresolved"),
+        "io.sparkbuild.serve": shlex.join(target.serve.command()),
         "io.sparkbuild.patches": ",".join(target.patches),
         "io.sparkbuild.patch-hashes": ",".join(f"{n}={h[:16]}" for n, h in patches.items()),
         "io.sparkbuild.cuda": target.cuda or "none",
@@ -189,9 +310,12 @@ def torch_source(target: Target, opts: Options) -> tuple[dict[str, str], tuple[P
     ``torch_index`` is a folder of wheels, an index URL, or ``auto``: the folders in this host's pip
     configuration (``find-links``) when one holds the wheel, else the configured PyTorch CPU index.
     """
-    if target.profile != "local":
-        return {}, ()
     choice = target.torch_index
+    if target.profile == "spark":
+        if choice == "auto":
+            assert target.cuda is not None
+            choice = f"https://download.pytorch.org/whl/cu{target.cuda.replace('.', '')}"
+        return {"PIP_EXTRA_INDEX_URL": choice}, ()
     folders = _pip_find_links() if choice == "auto" else ([Path(choice)] if "://" not in choice else [])
     for folder in folders:
         wheel = _find_wheel(folder, target.torch, target.platform)

@@ -1,12 +1,20 @@
-"""Render a target's Dockerfile from ``dockerfiles/<profile>/`` with jinja2 (StrictUndefined).
+"""Render a target's stage Dockerfiles from ``dockerfiles/<profile>/`` with jinja2 (StrictUndefined).
 
-A profile folder holds ``Dockerfile.j2`` and the small files the build copies or mounts; they are
-part of the build context and of the content hash.
+A profile folder holds one template per stage, ``NN-<stage>.Dockerfile.j2``, built in file-name
+order; the last stage is the image, the others are stage images that later stages use through
+``{{ stage("name") }}`` (``COPY --from=`` or ``RUN --mount=...,from=``). A stage template that
+renders no ``FROM`` is skipped (for example FlashInfer when the target does not build it).
+
+``{{ file("name") }}`` puts a file of the profile folder, or a resource the plan provides (the
+patch set, the patch engine), into that stage's build context. A stage's digest covers its
+Dockerfile and exactly the files it asked for, so a stage changes only when what it uses does.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,14 +23,23 @@ import jinja2
 
 from builder.errors import ConfigError
 
-TEMPLATE = "Dockerfile.j2"
+SUFFIX = ".Dockerfile.j2"
+_NAME_RE = re.compile(r"^\d+-([a-z][a-z0-9-]*)\.Dockerfile\.j2$")
+_FROM_RE = re.compile(r"^\s*FROM\s", re.MULTILINE)
+
+# Context files: (path inside the build context, content), sorted by path.
+Files = tuple[tuple[str, bytes], ...]
 
 
 @dataclass(frozen=True, kw_only=True)
 class Rendered:
+    """One stage: its Dockerfile, the context files it uses and the earlier stages it reads."""
+
+    name: str
+    template: str
     dockerfile: str
-    # Support files of the profile: (name, content), sorted by name.
-    files: tuple[tuple[str, bytes], ...]
+    files: Files
+    needs: tuple[str, ...]
 
     def digest(self) -> str:
         h = hashlib.sha256(self.dockerfile.encode())
@@ -34,12 +51,30 @@ class Rendered:
 
 def profile_dir(dockerfiles: Path, profile: str) -> Path:
     folder = dockerfiles / profile
-    if not (folder / TEMPLATE).is_file():
-        raise ConfigError(f"{folder / TEMPLATE}: no Dockerfile template for profile '{profile}'")
+    if not folder.is_dir() or not stage_templates(folder):
+        raise ConfigError(f"{folder}: no stage templates (NN-<stage>{SUFFIX}) for profile '{profile}'")
     return folder
 
 
-def render(dockerfiles: Path, profile: str, variables: dict[str, Any]) -> Rendered:
+def stage_templates(folder: Path) -> list[tuple[str, Path]]:
+    found = []
+    for path in sorted(folder.glob(f"*{SUFFIX}")):
+        match = _NAME_RE.match(path.name)
+        if match is None:
+            raise ConfigError(f"{path}: a stage template is named NN-<stage>{SUFFIX}, with a lowercase stage name")
+        found.append((match.group(1), path))
+    return found
+
+
+def render(
+    dockerfiles: Path,
+    profile: str,
+    variables: Mapping[str, Any],
+    *,
+    stage_ref: Callable[[Rendered], str],
+    resources: Mapping[str, Files] | None = None,
+) -> tuple[Rendered, ...]:
+    """Render every stage in order; ``stage_ref`` names the image of a rendered stage."""
     folder = profile_dir(dockerfiles, profile)
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(folder),
@@ -47,11 +82,61 @@ def render(dockerfiles: Path, profile: str, variables: dict[str, Any]) -> Render
         keep_trailing_newline=True,
         autoescape=False,  # noqa: S701 - Dockerfiles, not HTML
     )
+    done: list[Rendered] = []
+    refs: dict[str, str] = {}
+    for name, path in stage_templates(folder):
+        stage = _render_one(env, folder, name, path, variables, refs, resources or {})
+        if stage is None:
+            continue
+        done.append(stage)
+        refs[name] = stage_ref(stage)
+    if not done:
+        raise ConfigError(f"{folder}: every stage template rendered no FROM for this target")
+    return tuple(done)
+
+
+def _render_one(
+    env: jinja2.Environment,
+    folder: Path,
+    name: str,
+    path: Path,
+    variables: Mapping[str, Any],
+    refs: Mapping[str, str],
+    resources: Mapping[str, Files],
+) -> Rendered | None:
+    needs: list[str] = []
+    files: dict[str, bytes] = {}
+
+    def stage(other: str) -> str:
+        if other not in refs:
+            raise ConfigError(
+                f"{path}: stage('{other}') is not an earlier stage of this target; rendered so far: {', '.join(refs)}"
+            )
+        needs.append(other)
+        return refs[other]
+
+    def file(wanted: str) -> str:
+        if wanted in resources:
+            files.update(resources[wanted])
+        elif (folder / wanted).is_file() and not wanted.endswith(SUFFIX):
+            files[wanted] = (folder / wanted).read_bytes()
+        else:
+            known = sorted([*resources, *(p.name for p in folder.iterdir() if p.is_file() and not p.name.endswith(SUFFIX))])
+            raise ConfigError(f"{path}: file('{wanted}') is neither in {folder} nor a plan resource; known: {', '.join(known)}")
+        return wanted
+
     try:
-        text = env.get_template(TEMPLATE).render(**variables)
+        text = env.get_template(path.name).render(**variables, stage=stage, file=file)
     except jinja2.UndefinedError as exc:
-        raise ConfigError(f"{folder / TEMPLATE}: {exc.message}; the plan gives: {', '.join(sorted(variables))}") from None
+        raise ConfigError(f"{path}: {exc.message}; the plan gives: {', '.join(sorted(variables))}") from None
     except jinja2.TemplateSyntaxError as exc:
-        raise ConfigError(f"{folder / TEMPLATE}:{exc.lineno}: template syntax error: {exc.message}") from None
-    files = tuple((path.name, path.read_bytes()) for path in sorted(folder.iterdir()) if path.is_file() and path.name != TEMPLATE)
-    return Rendered(dockerfile=text, files=files)
+        raise ConfigError(f"{exc.filename or path}:{exc.lineno}: template syntax error: {exc.message}") from None
+    if not _FROM_RE.search(text):
+        return None
+    return Rendered(
+        name=name,
+        template=path.name,
+        dockerfile=text,
+        files=tuple(sorted(files.items())),
+        needs=tuple(dict.fromkeys(needs)),
+    )

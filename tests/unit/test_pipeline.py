@@ -13,7 +13,7 @@ from tests.conftest import ROOT
 
 
 def a_run(status: str) -> pipeline.TargetRun:
-    (p,) = plan.make(Options.from_env(matrix=ROOT / "matrix.yaml", date="20261121"))
+    (p,) = plan.make(Options.from_env(matrix=ROOT / "matrix.yaml", date="20261121", profile="local"))
     result = VerifyResult(
         image="img",
         model="m",

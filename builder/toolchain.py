@@ -1,0 +1,94 @@
+"""Pure decisions about the CUDA compile: parallelism sized to memory, FlashInfer's arch list.
+
+No I/O: the plan passes in what it read from the host, so every rule is testable as a function.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from builder.errors import ConfigError
+from builder.matrix import BuildJobs
+
+GIB = 1024**3
+# One nvcc thread on vLLM's heaviest kernels (CUTLASS MoE, FlashAttention) peaks at 3-5 GB;
+# sizing for 5 keeps a Spark (128 GB unified) from an out-of-memory kill mid-build.
+GB_PER_NVCC_THREAD = 5
+# Memory left to the OS, the engine and the linker.
+RESERVED_GB = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class Jobs:
+    max_jobs: int
+    nvcc_threads: int
+    why: str
+
+    def build_args(self) -> dict[str, str]:
+        return {"MAX_JOBS": str(self.max_jobs), "NVCC_THREADS": str(self.nvcc_threads)}
+
+
+def build_jobs(free_memory: int, cores: int, override: BuildJobs | None = None) -> Jobs:
+    """``MAX_JOBS`` x ``NVCC_THREADS`` nvcc threads, each given about 5 GB of free memory.
+
+    Two nvcc threads per job when memory allows (nvcc compiles the gencode targets of a file in
+    parallel), never more nvcc threads than cores. The matrix may set either value; the other is
+    sized around it.
+    """
+    override = override or BuildJobs()
+    slots = max(1, (free_memory // GIB - RESERVED_GB) // GB_PER_NVCC_THREAD)
+    threads = override.nvcc_threads or (2 if slots >= 4 else 1)
+    jobs = override.max_jobs or max(1, min(cores, slots) // threads)
+    why = f"{free_memory / GIB:.0f} GiB free, {cores} cores, {GB_PER_NVCC_THREAD} GB per nvcc thread"
+    if override.max_jobs or override.nvcc_threads:
+        why += "; set in the matrix (build_jobs)"
+    elif jobs * threads > slots:
+        why += "; fewer slots than one job needs"
+    return Jobs(max_jobs=jobs, nvcc_threads=threads, why=why)
+
+
+def host_resources() -> tuple[int, int]:
+    """(available memory in bytes, usable cores) of this machine, where BuildKit runs the compile."""
+    meminfo = Path("/proc/meminfo")
+    lines = meminfo.read_text(encoding="ascii").splitlines() if meminfo.is_file() else []
+    found = [int(line.split()[1]) * 1024 for line in lines if line.startswith("MemAvailable:")]
+    available = found[0] if found else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return available, len(os.sched_getaffinity(0))
+
+
+FIRST_FLASHINFER = Version("0.5.3")
+
+
+def flashinfer_arch_list(flashinfer_version: str, arch_list: str) -> str:
+    """``FLASHINFER_CUDA_ARCH_LIST`` for a FlashInfer version and the target's arch list.
+
+    FlashInfer 0.5.3-0.6.6 use each entry verbatim; 0.6.7 turns a plain ``12.x`` into ``12.0f``
+    and 0.6.8+ a plain ``12.1`` into ``12.1a``; every version keeps an entry that has a suffix.
+    So each SM12x entry is given its arch-specific suffix: the FP4 kernels need it, and the
+    result is the same on every version. Entries are separated by spaces.
+    """
+    try:
+        version = Version(flashinfer_version)
+    except InvalidVersion:
+        raise ConfigError(
+            f"FlashInfer ref '{flashinfer_version}' is not a release tag; sparkbuild picks the arch list "
+            "per FlashInfer version, so build FlashInfer from a tag like v0.6.6"
+        ) from None
+    if version < FIRST_FLASHINFER:
+        raise ConfigError(
+            f"FlashInfer {version} predates FLASHINFER_CUDA_ARCH_LIST support for SM12x (first: {FIRST_FLASHINFER}); "
+            "set 'flashinfer: null' to use vLLM's pinned wheel"
+        )
+    out = []
+    for entry in re.split(r"[;\s,]+", arch_list.strip()):
+        if not entry:
+            continue
+        if re.fullmatch(r"12\.\d", entry):
+            entry += "a"
+        out.append(entry)
+    return " ".join(dict.fromkeys(out))

