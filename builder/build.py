@@ -21,7 +21,7 @@ from builder import base_image, binaries, log
 from builder.engine import Engine
 from builder.errors import ConfigError
 from builder.options import Options
-from builder.plan import STAGE_REPOSITORY, StagePlan, TargetPlan
+from builder.plan import STAGE_REPOSITORY, StagePlan, TargetPlan, bases
 from builder.registry import Registry
 
 Action = Literal["built", "reused", "pulled"]
@@ -48,7 +48,8 @@ class BuildResult:
 
 
 def local_ref(plan: TargetPlan) -> str:
-    return f"{plan.repository}:{plan.content_tag}"
+    """The target's image: its last stage."""
+    return plan.stages[-1].ref
 
 
 def write_context(plan: TargetPlan, stage: StagePlan, folder: Path) -> Path:
@@ -81,14 +82,14 @@ def build(engine: Engine, plan: TargetPlan, opts: Options, registry: Registry | 
             f"{plan.target.where}: {', '.join(plan.unresolved)} not pinned to a commit; "
             "add 'commit:' in the matrix (`git ls-remote REPO REF` prints it) before building"
         )
-    for base in dict.fromkeys((plan.target.base, plan.target.source_base, plan.target.runtime_base)):
+    for base in dict.fromkeys(bases(plan.target).values()):
         base_image.ensure(engine, base, plan.target.platform, opts.cache / "rootfs")
     if plan.jobs is not None:
         log.info(f"build jobs: MAX_JOBS={plan.jobs.max_jobs} NVCC_THREADS={plan.jobs.nvcc_threads} ({plan.jobs.why})")
     outcomes = [ensure_stage(engine, registry, plan, stage, opts) for stage in plan.stages]
     if plan.target.profile == "spark":
-        check_binaries(engine, plan.stages[-1].ref, plan.target.arch_list, opts.out / plan.id)
-    result = BuildResult(image=plan.stages[-1].ref, stages=tuple(outcomes))
+        check_binaries(engine, local_ref(plan), plan.target.arch_list, opts.out / plan.id)
+    result = BuildResult(image=local_ref(plan), stages=tuple(outcomes))
     out = opts.out / plan.id
     out.mkdir(parents=True, exist_ok=True)
     (out / "stages.json").write_text(json.dumps([s.to_json() for s in outcomes], indent=2) + "\n")

@@ -200,7 +200,7 @@ def _git_input(source: matrix.GitSource | None) -> dict[str, Any] | None:
 
 def template_variables(target: Target) -> dict[str, Any]:
     """What the stage templates see. Everything here is an input of the stage that uses it."""
-    refs = {name: base_image.reference(b, target.platform)[0] for name, b in _bases(target).items()}
+    refs = {name: base_image.reference(b, target.platform)[0] for name, b in bases(target).items()}
     spark = target.profile == "spark"
     return {
         "target": target,
@@ -221,7 +221,8 @@ def template_variables(target: Target) -> dict[str, Any]:
     }
 
 
-def _bases(target: Target) -> dict[str, matrix.Base]:
+def bases(target: Target) -> dict[str, matrix.Base]:
+    """Every base image a target's stages use, by role."""
     return {
         "base": target.base,
         "source_base": target.source_base,
@@ -231,8 +232,12 @@ def _bases(target: Target) -> dict[str, matrix.Base]:
 
 
 def plan_stages(target: Target, patches_dir: Path, opts: Options) -> tuple[StagePlan, ...]:
+    # Each stage's hash is needed while rendering (later stages name it) and in its plan: once each.
+    hashes: dict[str, str] = {}
+
     def ref_of(stage: render.Rendered) -> str:
-        return f"{STAGE_REPOSITORY}:{stage.name}-{stage_hash(target, stage)[:16]}"
+        hashes[stage.name] = stage_hash(target, stage)
+        return f"{STAGE_REPOSITORY}:{stage.name}-{hashes[stage.name][:16]}"
 
     rendered = render.render(
         opts.dockerfiles,
@@ -241,7 +246,10 @@ def plan_stages(target: Target, patches_dir: Path, opts: Options) -> tuple[Stage
         stage_ref=ref_of,
         resources=resources(target, patches_dir),
     )
-    return tuple(StagePlan(rendered=r, content_hash=stage_hash(target, r), ref=ref_of(r), final=False) for r in rendered)
+    return tuple(
+        StagePlan(rendered=r, content_hash=hashes[r.name], ref=f"{STAGE_REPOSITORY}:{r.name}-{hashes[r.name][:16]}", final=False)
+        for r in rendered
+    )
 
 
 def stage_hash(target: Target, stage: render.Rendered) -> str:

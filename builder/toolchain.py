@@ -47,8 +47,6 @@ def build_jobs(free_memory: int, cores: int, override: BuildJobs | None = None) 
     why = f"{free_memory / GIB:.0f} GiB free, {cores} cores, {GB_PER_NVCC_THREAD} GB per nvcc thread"
     if override.max_jobs or override.nvcc_threads:
         why += "; set in the matrix (build_jobs)"
-    elif jobs * threads > slots:
-        why += "; fewer slots than one job needs"
     return Jobs(max_jobs=jobs, nvcc_threads=threads, why=why)
 
 
