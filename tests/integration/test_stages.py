@@ -159,18 +159,19 @@ def test_stages_are_built_once_shared_and_pulled_by_another_runner(
         opts = Options.from_env(matrix=local_matrix(tmp_path, serve), cache=cache, out=tmp_path / "out")
         return {p.id: actions(build.build(engine, p, opts, registry)) for p in plan.make(opts)}
 
-    stamp = time.time_ns() % 10**6  # serve settings no earlier run built, so counts start from zero
-    first = run({"a": 100 + stamp % 50, "b": 200 + stamp % 50})
+    # Serve settings no earlier run built (microseconds since the epoch), so counts start from zero.
+    stamp = time.time_ns() // 1000
+    first = run({"a": 3 * stamp, "b": 3 * stamp + 1})
     torch = [a["torch"] for a in first.values()]
     assert sorted(torch) in (["built", "reused"], ["reused", "reused"])  # reused if an earlier session built it
     assert [a["runtime"] for a in first.values()] == ["built", "built"]
 
-    second = run({"a": 100 + stamp % 50, "b": 300 + stamp % 50})  # only b's serving defaults change
+    second = run({"a": 3 * stamp, "b": 3 * stamp + 2})  # only b's serving defaults change
     assert second == {"local-a": {"torch": "reused", "runtime": "reused"}, "local-b": {"torch": "reused", "runtime": "built"}}
 
     # Another runner: the torch stage is not in its engine, but the registry has it.
     opts = Options.from_env(
-        matrix=local_matrix(tmp_path, {"a": 100 + stamp % 50, "b": 300 + stamp % 50}), cache=cache, out=tmp_path / "out"
+        matrix=local_matrix(tmp_path, {"a": 3 * stamp, "b": 3 * stamp + 2}), cache=cache, out=tmp_path / "out"
     )
     a = next(p for p in plan.make(opts) if p.id == "local-a")
     torch_ref = a.stages[0].ref
