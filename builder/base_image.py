@@ -25,7 +25,8 @@ RECIPE_VERSION = 1
 def reference(base: Base, platform: str) -> tuple[str, str]:
     """(image reference for FROM, identity for the content hash). Pure."""
     if base.image is not None:
-        return base.image, base.image.rsplit("@", 1)[1]
+        # An unpinned image (no lock yet) keeps its name; plan marks it unresolved and build refuses it.
+        return base.image, base.image.rsplit("@", 1)[1] if "@" in base.image else f"unpinned:{base.image}"
     assert base.debootstrap is not None
     recipe = {"debootstrap": asdict(base.debootstrap), "platform": platform, "version": RECIPE_VERSION}
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()

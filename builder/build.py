@@ -79,8 +79,9 @@ def build(engine: Engine, plan: TargetPlan, opts: Options, registry: Registry | 
     """Build the target's stages into the engine; returns its image reference and what each stage did."""
     if plan.unresolved:
         raise ConfigError(
-            f"{plan.target.where}: {', '.join(plan.unresolved)} not pinned to a commit; "
-            "add 'commit:' in the matrix (`git ls-remote REPO REF` prints it) before building"
+            f"{plan.target.where}: {', '.join(plan.unresolved)} not pinned to a commit or digest; "
+            "run `sparkbuild resolve` (it writes the lock file the build reads), or add 'commit:' in the matrix "
+            "(`git ls-remote REPO REF` prints it)"
         )
     for base in dict.fromkeys(bases(plan.target).values()):
         base_image.ensure(engine, base, plan.target.platform, opts.cache / "rootfs")

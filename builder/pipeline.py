@@ -9,22 +9,30 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 
-from builder import build, log, model, plan, publish, verify
+from builder import build, gitrepo, log, model, patch, plan, publish, verify
 from builder.engine import Engine
-from builder.errors import FatalError
+from builder.errors import FatalError, PatchError
+from builder.matrix import GitSource, Target
 from builder.options import Options
 from builder.plan import TargetPlan
 from builder.registry import Registry, embedded
 
 
-class NightlyFailed(FatalError):
+class LaneFailed(FatalError):
+    """A lane (nightly, rc) ended with failed targets; the summary says which and why."""
+
     exit_code = 8
+
+
+NightlyFailed = LaneFailed
 
 
 @dataclass
@@ -37,13 +45,18 @@ class TargetRun:
     digest: str | None = None
     result: verify.VerifyResult | None = None
     stages: tuple[build.StageOutcome, ...] = ()
+    # The patch check on the target's vLLM source; None where nothing was checked.
+    patches: tuple[patch.Result, ...] | None = None
     error: str | None = None
     seconds: float = 0.0
 
     def row(self) -> dict[str, object]:
+        source = source_of(self.plan.target)
         return {
             "target": self.plan.id,
-            "vllm": self.plan.target.vllm.version,
+            "vllm": self.plan.target.version,
+            "commit": source[0].commit if source else None,
+            "patches": None if self.patches is None else {r.patch: r.status for r in self.patches},
             "tag": f"{self.plan.repository}:{self.plan.content_tag}",
             "tags": list(self.plan.tags),
             "digest": self.digest,
@@ -61,11 +74,51 @@ class TargetRun:
 class Context:
     opts: Options
     registry: Registry
+    # Where source trees are unpacked for patch checks during this run (removed after it).
+    work: Path = field(default_factory=lambda: Path(tempfile.gettempdir()))
+    patches_dir: Path | None = None
+    trees: dict[str, Path] = field(default_factory=dict)
 
     @cached_property
     def engine(self) -> Engine:
         # Connect only when a stage needs it: a no-op nightly talks to the registry alone.
         return Engine()
+
+    def tree(self, source: GitSource) -> Path:
+        """The source tree at ``source.commit``, from the local mirror; once per commit per run."""
+        assert source.commit is not None
+        if source.commit not in self.trees:
+            mirror = gitrepo.Mirror(self.opts.cache, source.repo)
+            self.trees[source.commit] = mirror.checkout(source.commit, self.work / "trees" / source.commit[:12])
+        return self.trees[source.commit]
+
+
+def source_of(target: Target) -> tuple[GitSource, str] | None:
+    """The vLLM git source a target is built from, and its version; None for a PyPI wheel."""
+    if target.candidate is not None:
+        return target.candidate, target.candidate.version
+    if target.vllm.kind in ("version", "ref"):
+        return target.vllm.git(), target.vllm.version
+    return None
+
+
+def check_patches(ctx: Context, run: TargetRun) -> bool:
+    """Say what each patch does to this vLLM commit before anything is built; a conflict stops here."""
+    source = source_of(run.plan.target)
+    if source is None or not run.plan.target.patches or source[0].commit is None or ctx.patches_dir is None:
+        return True
+    run.status = "checking patches"
+    git, version = source
+    report = patch.check(ctx.tree(git), patch.load(ctx.patches_dir, run.plan.target.patches), version)
+    run.patches = report.results
+    log.info(patch.table(report))
+    if not report.ok:
+        conflicts = "; ".join(f"{r.patch}: {r.detail}" for r in report.results if r.status == "conflict")
+        raise PatchError(
+            f"{git.ref} ({git.commit[:12] if git.commit else '?'}): {conflicts}. "
+            f"`sparkbuild bisect --good <last good tag> --bad {git.ref}` names the commit that broke it"
+        )
+    return True
 
 
 TargetStage = Callable[[Context, TargetRun], bool]
@@ -105,7 +158,7 @@ def publish_image(ctx: Context, run: TargetRun) -> bool:
     return True
 
 
-TARGET_STAGES: tuple[TargetStage, ...] = (find_published, build_image, verify_image, publish_image)
+TARGET_STAGES: tuple[TargetStage, ...] = (find_published, check_patches, build_image, verify_image, publish_image)
 
 
 @contextmanager
@@ -145,22 +198,26 @@ def nightly(opts: Options, *, table_to_stderr: bool = False) -> list[TargetRun]:
     with log.step("Planning"):
         plans = plan.make(opts)
     runs = [TargetRun(p) for p in plans]
-    with open_registry(opts) as registry:
-        ctx = Context(opts, registry)
+    with open_registry(opts) as registry, tempfile.TemporaryDirectory(prefix="sparkbuild-") as work:
+        ctx = Context(opts, registry, Path(work), plan.load_matrix(opts).patches_dir)
         for i, run in enumerate(runs, 1):
             with log.step(f"[{i}/{len(runs)}] {run.plan.id}"):
                 run_target(ctx, run)
-    elapsed = time.monotonic() - start
+    report(opts, "nightly", runs, time.monotonic() - start, table_to_stderr=table_to_stderr)
+    return runs
+
+
+def report(opts: Options, lane: str, runs: list[TargetRun], elapsed: float, *, table_to_stderr: bool, intro: str = "") -> None:
+    """Print the summary table, add it to the GitHub step summary, write summary.json; raise if any failed."""
     text = summary_table(runs)
     stream = sys.stderr if table_to_stderr else sys.stdout
-    print(f"{text}\n\n{len(runs)} target(s) in {log.format_seconds(elapsed)}", file=stream, flush=True)
-    log.step_summary("## sparkbuild nightly\n\n" + text)
+    print(f"{intro}{text}\n\n{len(runs)} target(s) in {log.format_seconds(elapsed)}", file=stream, flush=True)
+    log.step_summary(f"## sparkbuild {lane}\n\n{intro}{text}")
     opts.out.mkdir(parents=True, exist_ok=True)
     (opts.out / "summary.json").write_text(json.dumps([r.row() for r in runs], indent=2) + "\n")
     failed = [r for r in runs if r.error]
     if failed:
-        raise NightlyFailed(f"{len(failed)} of {len(runs)} target(s) failed: {', '.join(r.plan.id for r in failed)}")
-    return runs
+        raise LaneFailed(f"{lane}: {len(failed)} of {len(runs)} target(s) failed: {', '.join(r.plan.id for r in failed)}")
 
 
 def verify_cell(result: verify.VerifyResult) -> str:
@@ -172,13 +229,21 @@ def verify_cell(result: verify.VerifyResult) -> str:
     return text
 
 
+def patch_cell(results: tuple[patch.Result, ...] | None) -> str:
+    if results is None:
+        return "-"
+    return " ".join(f"{r.patch}={r.status}" for r in results) or "none"
+
+
 def summary_table(runs: list[TargetRun]) -> str:
     """A Markdown table a person reads at a glance (and GitHub renders)."""
-    header = ("target", "vLLM", "image tag", "digest", "verify", "status", "time")
+    header = ("target", "vLLM", "commit", "patches", "image tag", "digest", "verify", "status", "time")
     rows = [
         (
             r.plan.id,
-            r.plan.target.vllm.version,
+            r.plan.target.version,
+            str(r.row()["commit"] or "-")[:12],
+            patch_cell(r.patches),
             r.plan.content_tag,
             (r.digest or "-")[:19],
             str(r.row()["verify"]),

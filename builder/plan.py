@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder import __version__, base_image, matrix, patch, render, toolchain
+from builder import __version__, base_image, lock, matrix, patch, render, toolchain
 from builder.errors import ConfigError
 from builder.matrix import Target
 from builder.options import Options
@@ -122,10 +122,17 @@ class TargetPlan:
 
 
 def unresolved(target: Target) -> tuple[str, ...]:
+    """What is not pinned yet: git refs without a commit, images without a digest."""
+    images = tuple(
+        f"base {b.name} ({b.image})" for b in dict.fromkeys(bases(target).values()) if b.image is not None and "@" not in b.image
+    )
     if target.profile != "spark":
-        return ()
+        return images
+    if target.vllm.kind == "candidate":
+        return ("vllm release candidate (only `sparkbuild rc` picks it)", *images)
     sources = {"vllm": target.vllm.git(), "flashinfer": target.flashinfer, "triton": target.triton, "cutlass": target.cutlass}
-    return tuple(f"{name} {src.ref}" for name, src in sources.items() if src is not None and src.commit is None)
+    refs = tuple(f"{name} {src.ref}" for name, src in sources.items() if src is not None and src.commit is None)
+    return refs + images
 
 
 def select(targets: tuple[Target, ...], only: tuple[str, ...], profile: str | None) -> tuple[Target, ...]:
@@ -140,10 +147,21 @@ def select(targets: tuple[Target, ...], only: tuple[str, ...], profile: str | No
     return chosen
 
 
-def make(opts: Options) -> tuple[TargetPlan, ...]:
-    """Load the matrix and plan every selected target."""
-    m = matrix.load(opts.matrix)
-    plans = tuple(plan_target(t, m.patches_dir, opts) for t in select(m.targets, opts.only, opts.profile))
+def load_matrix(opts: Options) -> matrix.Matrix:
+    """The matrix with the lock's pins: ``--lock``, else ``<matrix>.lock.json`` when it exists."""
+    path = opts.lock or lock.default_path(opts.matrix)
+    if opts.lock is not None and not path.is_file():
+        raise ConfigError(f"lock file {path} does not exist; `sparkbuild resolve --lock {path}` writes it")
+    return matrix.load(opts.matrix, lock.read(path) if path.is_file() else None)
+
+
+def make(opts: Options, lane: str = "nightly") -> tuple[TargetPlan, ...]:
+    """Load the matrix and plan every selected target of ``lane``."""
+    m = load_matrix(opts)
+    in_lane = tuple(t for t in m.targets if t.lane == lane)
+    if not in_lane:
+        raise ConfigError(f"{opts.matrix}: no target has lane: {lane}")
+    plans = tuple(plan_target(t, m.patches_dir, opts) for t in select(in_lane, opts.only, opts.profile))
     _check_tag_clash(plans)
     return plans
 
@@ -158,6 +176,7 @@ def plan_target(target: Target, patches_dir: Path, opts: Options) -> TargetPlan:
         "profile": target.profile,
         "platform": target.platform,
         "vllm": {"kind": target.vllm.kind, "spec": target.vllm.spec, "repo": target.vllm.repo, "commit": target.vllm.commit},
+        "candidate": _git_input(target.candidate),
         "triton": _git_input(target.triton),
         "flashinfer": _git_input(target.flashinfer),
         "cutlass": _git_input(target.cutlass),
@@ -177,7 +196,7 @@ def plan_target(target: Target, patches_dir: Path, opts: Options) -> TargetPlan:
         *stages[:-1],
         StagePlan(rendered=final.rendered, content_hash=content_hash, ref=f"{target.repository}:{content_tag}", final=True),
     )
-    fields = {"vllm_version": target.vllm.version, "date": opts.date, "id": target.id}
+    fields = {"vllm_version": target.version, "date": opts.date, "id": target.id}
     source_args, wheels = torch_source(target, opts)
     return TargetPlan(
         target=target,
@@ -273,10 +292,13 @@ def resources(target: Target, patches_dir: Path) -> dict[str, render.Files]:
 
 def labels(target: Target, base_identity: str, patches: dict[str, str], content_hash: str) -> dict[str, str]:
     oci = "org.opencontainers.image"
-    return {
-        f"{oci}.title": f"vLLM {target.vllm.version} ({target.id})",
+    candidate = (
+        {} if target.candidate is None else {"io.sparkbuild.candidate": f"{target.candidate.ref}@{target.candidate.commit}"}
+    )
+    return candidate | {
+        f"{oci}.title": f"vLLM {target.version} ({target.id})",
         f"{oci}.description": "vLLM built, patched and verified by sparkbuild",
-        f"{oci}.version": target.vllm.version,
+        f"{oci}.version": target.version,
         f"{oci}.revision": target.vllm.spec if target.vllm.kind == "wheel" else (target.vllm.commit or "unresolved"),
         f"{oci}.source": target.vllm.repo or "https://github.com/vllm-project/vllm",
         f"{oci}.base.name": target.base.image or f"debootstrap:{target.base.name}",

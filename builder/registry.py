@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -149,3 +150,56 @@ def embedded(data: Path) -> Iterator[Registry]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+# --- resolving an image name to its digest ---------------------------------------------------
+
+DOCKER_HUB = "registry-1.docker.io"
+
+
+def split_image(image: str) -> tuple[str, str, str]:
+    """``nvidia/cuda:13.0.2-devel`` -> (registry host, repository, tag), Docker's naming rules."""
+    name, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "latest")
+    first, _, rest = name.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return first, rest, tag
+    return DOCKER_HUB, name if "/" in name else f"library/{name}", tag
+
+
+def image_digest(image: str) -> str:
+    """The manifest digest (the multi-platform index where there is one) that ``image`` names now.
+
+    Registries that want a token for anonymous pulls (Docker Hub, nvcr.io) answer 401 with a
+    ``WWW-Authenticate: Bearer realm=...,service=...,scope=...`` challenge; the token is fetched
+    anonymously and the request repeated once.
+    """
+    host, repository, tag = split_image(image)
+    registry = Registry(host)
+    url = f"{registry.base_url}/{repository}/manifests/{tag}"
+    headers = {"Accept": ", ".join(MANIFEST_TYPES)}
+    response = registry._request("HEAD", url, headers=headers)
+    challenge = response.headers.get("WWW-Authenticate", "")
+    if response.status_code == 401 and challenge.lower().startswith("bearer "):
+        token = _bearer_token(registry, challenge)
+        response = registry._request("HEAD", url, headers={**headers, "Authorization": f"Bearer {token}"})
+    if response.status_code == 404:
+        raise PublishError(f"{image}: {host} has no tag '{tag}' in {repository}; fix 'image:' under bases: in the matrix")
+    digest = response.headers.get("Docker-Content-Digest")
+    if response.status_code != 200 or not digest:
+        raise PublishError(f"{image}: HEAD {url} gave HTTP {response.status_code}; is {host} reachable from here?")
+    return digest
+
+
+def _bearer_token(registry: Registry, challenge: str) -> str:
+    fields = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
+    realm = fields.pop("realm", "")
+    if not realm:
+        raise PublishError(f"registry {registry.host} asked for a token without a realm: {challenge}")
+    try:
+        response = requests.get(realm, params=fields, timeout=60)
+    except requests.RequestException as exc:
+        raise PublishError(f"token service {realm} did not answer: {exc}") from None
+    if response.status_code != 200:
+        raise PublishError(f"token service {realm} gave HTTP {response.status_code} for {fields.get('scope', '')}")
+    data = response.json()
+    return str(data.get("token") or data.get("access_token") or "")

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
 import pytest
+
+from builder import base_image, matrix
+from builder.engine import Engine
+from builder.registry import Registry, embedded
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,3 +47,29 @@ def write_matrix(tmp_path: Path) -> MatrixWriter:
         return path
 
     return write
+
+
+@pytest.fixture(scope="session")
+def engine() -> Engine:
+    return Engine()
+
+
+@pytest.fixture(scope="session")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """sparkbuild's cache for the test session; SPARKBUILD_TEST_CACHE keeps it between runs."""
+    keep = os.environ.get("SPARKBUILD_TEST_CACHE")
+    return Path(keep) if keep else tmp_path_factory.mktemp("sparkbuild-cache")
+
+
+@pytest.fixture(scope="session")
+def base(engine: Engine, cache: Path) -> str:
+    """The shipped matrix's base image, made with debootstrap (cached by content in the engine)."""
+    target = matrix.load(ROOT / "matrix.yaml").targets[0]
+    return base_image.ensure(engine, target.base, target.platform, cache / "rootfs")
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[Registry]:
+    """A real registry (Debian's docker-registry) on 127.0.0.1 for one test."""
+    with embedded(tmp_path / "registry") as reg:
+        yield reg

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import matrix
+from builder import lock, matrix, plan
 from builder.errors import ConfigError
 from tests.conftest import CHECKS, ROOT, MatrixWriter
 
@@ -138,13 +138,21 @@ def test_duplicate_yaml_key_is_an_error(write_matrix: MatrixWriter) -> None:
     assert "duplicate key 'torch'" in error_of(path)
 
 
-def test_unpinned_base_image_is_refused(write_matrix: MatrixWriter) -> None:
+def test_an_unpinned_base_image_waits_for_the_lock(write_matrix: MatrixWriter) -> None:
     body = CHECKS.replace(
         'debootstrap: {suite: bookworm, mirror: "http://deb.debian.org/debian", include: [python3]}',
         "image: nvidia/cuda:13.0.1-devel-ubuntu24.04",
     )
     path = write_matrix(body + LOCAL, with_checks=False)
-    assert "is not pinned: add '@sha256:<digest>'" in error_of(path)
+    m = matrix.load(path)
+    assert m.unpinned_images == ("nvidia/cuda:13.0.1-devel-ubuntu24.04",)
+    assert plan.unresolved(m.targets[0]) == ("base deb (nvidia/cuda:13.0.1-devel-ubuntu24.04)",)
+    digest = "sha256:" + "ab" * 32
+    pinned = matrix.load(path, lock.Lock(images={"nvidia/cuda:13.0.1-devel-ubuntu24.04": digest}))
+    assert pinned.targets[0].base.image == f"nvidia/cuda:13.0.1-devel-ubuntu24.04@{digest}"
+    assert pinned.unpinned_images == () and plan.unresolved(pinned.targets[0]) == ()
+    bad = write_matrix(body.replace("24.04", "24.04@sha256:abc") + LOCAL, with_checks=False)
+    assert "a digest is '@sha256:' and 64 hex digits" in error_of(bad)
 
 
 def test_profiles_require_their_source_kind(write_matrix: MatrixWriter) -> None:

@@ -1,0 +1,187 @@
+"""Upstream git repositories, through gitpython: refs from ``ls-remote``, and a local bare mirror.
+
+``ls-remote`` answers "which commit is this tag or branch now" in one round trip without any
+objects. The mirror (one bare repository per URL in the cache, fetched incrementally) is for what
+needs objects: trees to patch-check, history to bisect, abbreviated SHAs to expand.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+import re
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+from packaging.version import InvalidVersion, Version
+
+from builder import cmd, log
+from builder.errors import ConfigError, SourceError
+
+_SHA = re.compile(r"^[0-9a-f]{40}$")
+_ABBREV = re.compile(r"^[0-9a-f]{7,39}$")
+# Never wait for a password prompt in a nightly: fail and say so.
+_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true"}
+
+
+def _git(args: Sequence[str], cwd: Path | None = None) -> str:
+    """Run one git command through gitpython, printed first; failures become SourceError."""
+    log.info(cmd.show(["git", *args]))
+    try:
+        out: str = git.Git(cwd).execute(["git", *args], env={**os.environ, **_ENV})
+    except git.GitCommandError as exc:
+        stderr = str(exc.stderr).strip().removeprefix("stderr: ").strip(" '\n")
+        raise SourceError(f"`git {' '.join(args)}` failed: {stderr or exc}") from None
+    return out
+
+
+@dataclass(frozen=True)
+class RemoteRefs:
+    """The tags (peeled to commits) and branches of one remote, as ``ls-remote`` gives them."""
+
+    url: str
+    tags: dict[str, str]
+    heads: dict[str, str]
+
+    def commit(self, ref: str) -> str | None:
+        """The commit a tag, branch or full SHA names here; None when it names nothing."""
+        if _SHA.match(ref):
+            return ref
+        ref = ref.removeprefix("refs/tags/").removeprefix("refs/heads/")
+        return self.tags.get(ref) or self.heads.get(ref)
+
+    def nearest(self, ref: str, count: int = 3) -> list[str]:
+        """Existing tags closest to ``ref``: its version neighbours, then similar names."""
+        found: list[str] = []
+        wanted = _version(ref)
+        if wanted is not None:
+            versions = sorted((v, t) for t in self.tags if (v := _version(t)) is not None)
+            below = [t for v, t in versions if v < wanted][-1:]
+            above = [t for v, t in versions if v > wanted][:1]
+            found += below + above
+        found += difflib.get_close_matches(ref, list(self.tags), n=count, cutoff=0.6)
+        return list(dict.fromkeys(found))[:count]
+
+    def versions(self) -> list[tuple[Version, str]]:
+        """Tags that are versions (``v0.34.0rc2``), oldest first."""
+        return sorted((v, t) for t in self.tags if (v := _version(t)) is not None)
+
+
+def _version(tag: str) -> Version | None:
+    if not re.match(r"^v?\d", tag):
+        return None
+    try:
+        return Version(tag)
+    except InvalidVersion:
+        return None
+
+
+def ls_remote(url: str) -> RemoteRefs:
+    """Tags and branches of ``url``; an annotated tag gives the commit it points at (``^{}``)."""
+    out = _git(["ls-remote", "--tags", "--heads", url])
+    tags: dict[str, str] = {}
+    heads: dict[str, str] = {}
+    peeled: dict[str, str] = {}
+    for line in out.splitlines():
+        sha, _, name = line.partition("\t")
+        if name.startswith("refs/heads/"):
+            heads[name.removeprefix("refs/heads/")] = sha
+        elif name.endswith("^{}"):
+            peeled[name.removeprefix("refs/tags/").removesuffix("^{}")] = sha
+        elif name.startswith("refs/tags/"):
+            tags[name.removeprefix("refs/tags/")] = sha
+    tags.update(peeled)
+    return RemoteRefs(url=url, tags=tags, heads=heads)
+
+
+def resolve_ref(refs: RemoteRefs, ref: str, what: str, mirror: Mirror | None = None) -> str:
+    """The commit of ``ref``; an abbreviated SHA is expanded in the mirror. Never falls back."""
+    commit = refs.commit(ref)
+    if commit is None and _ABBREV.match(ref) and mirror is not None:
+        mirror.fetch()
+        commit = mirror.rev_parse(ref)
+    if commit is None:
+        near = refs.nearest(ref)
+        hint = f" Nearest existing tags: {', '.join(near)}." if near else " It has no tags."
+        raise ConfigError(f"{what}: '{ref}' is not a tag or branch of {refs.url}.{hint} Fix the ref in the matrix.")
+    return commit
+
+
+class Mirror:
+    """A bare mirror of one remote in the cache; each ``fetch`` brings only what is new."""
+
+    def __init__(self, cache: Path, url: str) -> None:
+        self.url = url
+        slug = re.sub(r"[^A-Za-z0-9]+", "-", url.split("://")[-1]).strip("-")[-40:]
+        self.path = cache / "git" / f"{slug}-{hashlib.sha256(url.encode()).hexdigest()[:8]}.git"
+        self._fetched = False
+
+    def fetch(self) -> None:
+        """Create the mirror on first use, then fetch branches and tags (once per run)."""
+        if self._fetched:
+            return
+        if not (self.path / "HEAD").is_file():
+            self.path.mkdir(parents=True, exist_ok=True)
+            git.Repo.init(self.path, bare=True)
+        _git(
+            ["fetch", "--prune", "--force", "--tags", self.url, "+refs/heads/*:refs/heads/*"],
+            cwd=self.path,
+        )
+        self._fetched = True
+
+    def has(self, commit: str) -> bool:
+        try:
+            git.Git(self.path).execute(["git", "cat-file", "-e", f"{commit}^{{commit}}"])
+        except git.GitCommandError:
+            return False
+        return True
+
+    def ensure(self, commit: str) -> None:
+        if not self.has(commit):
+            self.fetch()
+        if not self.has(commit):
+            raise SourceError(f"{self.url} has no commit {commit} (fetched into {self.path})")
+
+    def rev_parse(self, ref: str) -> str | None:
+        try:
+            return _git(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], cwd=self.path) or None
+        except SourceError:
+            return None
+
+    def commits_between(self, good: str, bad: str) -> list[str]:
+        """Commits after ``good`` up to and including ``bad``, oldest first, on the path between them."""
+        out = _git(["rev-list", "--reverse", "--ancestry-path", f"{good}..{bad}"], cwd=self.path)
+        return out.split()
+
+    def is_ancestor(self, old: str, new: str) -> bool:
+        result = subprocess.run(["git", "merge-base", "--is-ancestor", old, new], cwd=self.path, check=False)
+        return result.returncode == 0
+
+    def subject(self, commit: str) -> str:
+        return _git(["show", "--no-patch", "--format=%s", commit], cwd=self.path)
+
+    def version_at(self, commit: str) -> str | None:
+        """The version of the newest version tag reachable from ``commit`` (``git describe``)."""
+        try:
+            tag = _git(["describe", "--tags", "--abbrev=0", "--match", "v[0-9]*", commit], cwd=self.path)
+        except SourceError:
+            return None
+        v = _version(tag)
+        return None if v is None else str(v)
+
+    def checkout(self, commit: str, dest: Path) -> Path:
+        """The tree of ``commit`` at ``dest``: a worktree of the mirror. Moving an existing one to
+        another commit rewrites only the files that differ, so bisect steps take milliseconds."""
+        self.ensure(commit)
+        if (dest / ".git").is_file():
+            _git(["checkout", "--quiet", "--detach", "--force", commit], cwd=dest)
+            _git(["clean", "-qfdx"], cwd=dest)
+        else:
+            _git(["worktree", "prune"], cwd=self.path)  # worktrees of earlier runs are gone with their folders
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            _git(["worktree", "add", "--quiet", "--detach", "--force", str(dest), commit], cwd=self.path)
+        return dest

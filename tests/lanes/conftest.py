@@ -1,0 +1,167 @@
+"""A real upstream for the lanes: vLLM's 0.32.0 and 0.33.0 sdists as commits of one git repository,
+then release candidates made on top, served over the git protocol on loopback (``git daemon``).
+
+History (oldest first)::
+
+    v0.32.0 (annotated tag)  the 0.32.0 sdist
+    v0.33.0                  the 0.33.0 sdist
+    bump                     a harmless change
+    break                    nvfp4_utils.cuh: the e2m1x2 asm replaced by intrinsics (e2m1-software conflicts)
+    docs                     a harmless change; tagged v0.34.0rc1
+    revert                   `git revert` of break; tagged v0.34.0rc2 by ``add_rc2()`` (the rc test does)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from builder import sources
+from builder.options import Options
+from tests.conftest import ROOT
+
+ENV = {
+    "GIT_AUTHOR_NAME": "Upstream Dev",
+    "GIT_AUTHOR_EMAIL": "dev@example.invalid",
+    "GIT_COMMITTER_NAME": "Upstream Dev",
+    "GIT_COMMITTER_EMAIL": "dev@example.invalid",
+    "PATH": "/usr/bin:/bin",
+}
+HEADER = "csrc/quantization/fp4/nvfp4_utils.cuh"
+
+
+def git(*args: str | Path, cwd: Path) -> str:
+    result = subprocess.run(["git", *map(str, args)], cwd=cwd, env=ENV, check=True, capture_output=True, text=True)
+    return result.stdout.strip()
+
+
+def replace_tree(repo: Path, source: Path) -> None:
+    for child in repo.iterdir():
+        if child.name != ".git":
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+    shutil.copytree(source, repo, dirs_exist_ok=True)
+
+
+def commit(repo: Path, message: str) -> str:
+    git("add", "--all", cwd=repo)
+    git("commit", "--quiet", "-m", message, cwd=repo)
+    return git("rev-parse", "HEAD", cwd=repo)
+
+
+def without_e2m1_asm(text: str) -> str:
+    """Upstream moving the FP4 conversion to intrinsics: no e2m1x2 asm is left in the header."""
+    return re.sub(r"asm volatile\((?:(?!\)\);).)*?e2m1x2.*?\)\);", "val = __nv_cvt_float8_to_fp4x8(array);", text, flags=re.S)
+
+
+@dataclass
+class Upstream:
+    url: str
+    repo: Path
+    shas: dict[str, str] = field(default_factory=dict)
+
+    def add_rc2(self) -> str:
+        if "revert" not in self.shas:
+            git("revert", "--no-edit", self.shas["break"], cwd=self.repo)
+            self.shas["revert"] = git("rev-parse", "HEAD", cwd=self.repo)
+            git("tag", "v0.34.0rc2", cwd=self.repo)
+        return self.shas["revert"]
+
+
+def serve(root: Path) -> tuple[subprocess.Popen[bytes], int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    daemon = subprocess.Popen(
+        ["git", "daemon", "--export-all", "--reuseaddr", f"--base-path={root}", "--listen=127.0.0.1", f"--port={port}", str(root)]
+    )
+    for _ in range(50):
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.1)
+    return daemon, port
+
+
+def sparkbuild(*args: str, cache: Path, out: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SPARKBUILD_CACHE": str(cache), "SPARKBUILD_OUT": str(out or cache / "out"), "SPARKBUILD_REGISTRY": ""}
+    result = subprocess.run([sys.executable, "-m", "builder", *args], env=env, capture_output=True, text=True, cwd=ROOT)
+    sys.stderr.write(result.stderr[-3000:])
+    return result
+
+
+def spark_matrix(path: Path, upstream: Upstream, vllm: str, image: str) -> Path:
+    path.write_text(
+        f"patches_dir: {ROOT / 'patches'}\n"
+        + (ROOT / "matrix.yaml").read_text().split("bases:")[0]
+        + textwrap.dedent(f"""\
+        bases:
+          cuda-devel: {{image: {image}}}
+        upstreams:
+          vllm: {upstream.url}/vllm
+          cutlass: {upstream.url}/cutlass
+        targets:
+          - profile: spark
+            id: resolve-test
+            vllm: {vllm}
+            cutlass: {{ref: v4.2.1}}
+            triton: {{ref: releases/v0.33, repo: {upstream.url}/vllm}}
+            cuda: "13.0"
+            torch: "2.14.0+cu130"
+            base: cuda-devel
+            runtime_base: cuda-devel
+            patches: [cmake-arch-sm121]
+            check: alphabet
+        """)
+    )
+    return path
+
+
+@pytest.fixture(scope="session")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
+    root = tmp_path_factory.mktemp("upstream")
+    cache = Options.from_env().cache
+    repo = root / "vllm"
+    repo.mkdir()
+    git("init", "--quiet", "--initial-branch=main", cwd=repo)
+    shas: dict[str, str] = {}
+    replace_tree(repo, sources.vllm_sdist("0.32.0", cache))
+    shas["v0.32.0"] = commit(repo, "Release v0.32.0")
+    git("tag", "--annotate", "-m", "vLLM v0.32.0", "v0.32.0", cwd=repo)
+    replace_tree(repo, sources.vllm_sdist("0.33.0", cache))
+    shas["v0.33.0"] = commit(repo, "Release v0.33.0")
+    git("tag", "v0.33.0", cwd=repo)
+    with (repo / "README.md").open("a") as readme:
+        readme.write("\n<!-- 0.34 development -->\n")
+    shas["bump"] = commit(repo, "[Misc] Start 0.34 development")
+    header = repo / HEADER
+    header.write_text(without_e2m1_asm(header.read_text()))
+    shas["break"] = commit(repo, "[Kernel] Convert to FP4 with cuda_fp4.h intrinsics")
+    (repo / "docs").mkdir(exist_ok=True)
+    (repo / "docs" / "rc.md").write_text("# 0.34 release candidates\n")
+    shas["docs"] = commit(repo, "[Doc] Release candidate notes")
+    git("tag", "v0.34.0rc1", cwd=repo)
+    # A branch that is not main, and a stand-in for CUTLASS (not reachable here; resolve only asks refs).
+    git("branch", "releases/v0.33", shas["v0.33.0"], cwd=repo)
+    cutlass = root / "cutlass"
+    (cutlass / "include").mkdir(parents=True)
+    (cutlass / "include" / "cutlass.h").write_text("#pragma once\n")
+    git("init", "--quiet", "--initial-branch=main", cwd=cutlass)
+    shas["cutlass"] = commit(cutlass, "CUTLASS 4.2.1 stand-in")
+    git("tag", "v4.2.1", cwd=cutlass)
+    daemon, port = serve(root)
+    try:
+        yield Upstream(url=f"git://127.0.0.1:{port}", repo=repo, shas=shas)
+    finally:
+        daemon.terminate()
+        daemon.wait()

@@ -1,0 +1,111 @@
+"""resolve against real git remotes (git daemon on loopback) and a real registry."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import requests
+
+from builder import lock, plan
+from builder.options import Options
+from builder.registry import Registry
+from tests.lanes.conftest import Upstream, commit, git, spark_matrix, sparkbuild
+
+
+def push_manifest(registry: Registry, repository: str, tag: str) -> str:
+    """A minimal image (a config blob, no layers) put into the registry over its HTTP API."""
+    config = b'{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}'
+    digest = "sha256:" + hashlib.sha256(config).hexdigest()
+    start = requests.post(f"{registry.base_url}/{repository}/blobs/uploads/", timeout=10)
+    location = start.headers["Location"]
+    location = location if location.startswith("http") else f"http://{registry.host}{location}"
+    sep = "&" if "?" in location else "?"
+    assert requests.put(f"{location}{sep}digest={digest}", data=config, timeout=10).status_code == 201
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+        "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "size": len(config), "digest": digest},
+        "layers": [],
+    }
+    body = json.dumps(manifest).encode()
+    response = requests.put(
+        f"{registry.base_url}/{repository}/manifests/{tag}",
+        data=body,
+        headers={"Content-Type": str(manifest["mediaType"])},
+        timeout=10,
+    )
+    assert response.status_code == 201, response.text
+    return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+def test_resolve_pins_every_ref_and_image_and_the_build_reads_the_lock(
+    upstream: Upstream, registry: Registry, tmp_path: Path
+) -> None:
+    digest = push_manifest(registry, "nvidia/cuda", "13.0.2-devel")
+    image = f"{registry.host}/nvidia/cuda:13.0.2-devel"
+    matrix = spark_matrix(tmp_path / "matrix.yaml", upstream, '{version: "0.33.0"}', image)
+    opts = Options.from_env(matrix=matrix, cache=tmp_path / "cache")
+    (before,) = plan.make(opts)
+    assert set(before.unresolved) == {"vllm v0.33.0", "triton releases/v0.33", "cutlass v4.2.1", f"base cuda-devel ({image})"}
+
+    result = sparkbuild("resolve", "--matrix", str(matrix), "--json", cache=tmp_path / "cache")
+    assert result.returncode == 0, result.stderr
+    pins = {p["name"]: p for p in json.loads(result.stdout)["pins"]}
+    assert pins["vllm v0.33.0"]["value"] == upstream.shas["v0.33.0"]
+    assert pins["cutlass v4.2.1"]["value"] == upstream.shas["cutlass"]
+    assert pins["triton releases/v0.33"]["value"] == upstream.shas["v0.33.0"]
+    assert pins["base cuda-devel"]["value"] == digest
+    assert {p["change"] for p in pins.values()} == {"new"}
+
+    written = lock.read(lock.default_path(matrix))
+    assert written.commit(f"{upstream.url}/vllm", "v0.33.0") == upstream.shas["v0.33.0"]
+    assert written.digest(image) == digest
+    (after,) = plan.make(opts)
+    assert after.unresolved == ()
+    assert after.target.vllm.commit == upstream.shas["v0.33.0"]
+    assert after.base_ref == f"{image}@{digest}"
+    assert after.content_tag != before.content_tag
+
+    # An annotated tag resolves to its commit, not to the tag object.
+    annotated = spark_matrix(tmp_path / "annotated.yaml", upstream, '{version: "0.32.0"}', image)
+    result = sparkbuild("resolve", "--matrix", str(annotated), "--json", cache=tmp_path / "cache")
+    assert result.returncode == 0, result.stderr
+    pins = {p["name"]: p for p in json.loads(result.stdout)["pins"]}
+    assert pins["vllm v0.32.0"]["value"] == upstream.shas["v0.32.0"]
+
+
+def test_a_moved_branch_is_reported_and_an_abbreviated_sha_is_expanded_in_the_mirror(
+    upstream: Upstream, registry: Registry, tmp_path: Path
+) -> None:
+    image = f"{registry.host}/nvidia/cuda:13.0.2-devel"
+    push_manifest(registry, "nvidia/cuda", "13.0.2-devel")
+    cutlass = upstream.repo.parent / "cutlass"
+    branch = f"moving-{tmp_path.name}"
+    git("branch", branch, cwd=cutlass)
+    abbrev = upstream.shas["bump"][:9]
+    matrix = spark_matrix(tmp_path / "matrix.yaml", upstream, f'{{ref: "{abbrev}"}}', image)
+    matrix.write_text(matrix.read_text().replace("cutlass: {ref: v4.2.1}", f"cutlass: {{ref: {branch}}}"))
+    first = sparkbuild("resolve", "--matrix", str(matrix), "--json", cache=tmp_path / "cache")
+    assert first.returncode == 0, first.stderr
+    pins = {p["name"]: p for p in json.loads(first.stdout)["pins"]}
+    assert pins[f"vllm {abbrev}"] | {"value": upstream.shas["bump"], "how": "mirror"} == pins[f"vllm {abbrev}"]
+
+    (cutlass / "NEWS").write_text("moved\n")
+    git("checkout", "--quiet", branch, cwd=cutlass)
+    moved = commit(cutlass, "CUTLASS: a new commit on the branch")
+    git("checkout", "--quiet", "main", cwd=cutlass)
+    second = sparkbuild("resolve", "--matrix", str(matrix), cache=tmp_path / "cache")
+    assert second.returncode == 0, second.stderr
+    assert f"moved from {upstream.shas['cutlass'][:12]}" in second.stdout
+    assert lock.read(lock.default_path(matrix)).commit(f"{upstream.url}/cutlass", branch) == moved
+
+
+def test_an_unknown_tag_is_an_error_naming_the_nearest_tags(upstream: Upstream, tmp_path: Path) -> None:
+    matrix = spark_matrix(tmp_path / "matrix.yaml", upstream, '{version: "0.33.1"}', "nvidia/cuda:13.0.2-devel")
+    result = sparkbuild("resolve", "--matrix", str(matrix), cache=tmp_path / "cache")
+    assert result.returncode == 2
+    assert "'v0.33.1' is not a tag or branch" in result.stderr
+    assert "Nearest existing tags: v0.33.0, v0.34.0rc1" in result.stderr
+    assert not lock.default_path(matrix).exists()
