@@ -125,6 +125,7 @@ def build_cmd(registry: str | None, as_json: bool, **kwargs: Any) -> None:
 def resolve_cmd(matrix: Path | None, lock: Path | None, as_json: bool) -> None:
     """Pin every git ref to a commit and every base image to a digest; write the lock file."""
     result = resolve.resolve(make_options(matrix=matrix, lock=lock))
+    log.step_summary(f"## sparkbuild resolve\n\n```\n{resolve.table(result)}\n```")
     if as_json:
         emit_json({"lock": str(result.path), "pins": [p.to_json() for p in result.pins]})
     else:

@@ -35,7 +35,14 @@ def line_of(path: Path, needle: str) -> int:
 
 def test_the_shipped_matrix_loads() -> None:
     m = matrix.load(ROOT / "matrix.yaml")
-    assert [t.id for t in m.targets] == ["vllm-0.32.0-cpu-amd64", "vllm-0.33.0-cu130-sm121", "vllm-0.19.0-cu129-sm121"]
+    assert [t.id for t in m.targets] == [
+        "vllm-0.32.0-cpu-amd64",
+        "vllm-0.33.0-cu130-sm121",
+        "vllm-0.19.0-cu129-sm121",
+        "vllm-rc-cu130-sm121",
+    ]
+    rc = m.targets[-1]
+    assert (rc.lane, rc.vllm.kind, rc.tags) == ("rc", "candidate", ("{vllm_version}", "rc"))
 
 
 def test_a_local_target_gets_defaults_and_a_readable_id(write_matrix: MatrixWriter) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import log, pipeline, plan
+from builder import log, patch, pipeline, plan
 from builder.options import Options
 from builder.verify import Answer, Bench, VerifyResult
 from tests.conftest import ROOT
@@ -38,10 +38,24 @@ def test_summary_table_has_one_row_per_target() -> None:
     table = pipeline.summary_table([a_run("published")])
     header, rule, row = table.splitlines()
     columns = [cell.strip() for cell in header.split("|")[1:-1]]
-    assert columns == ["target", "vLLM", "image tag", "digest", "verify", "status", "time"]
+    assert columns == ["target", "vLLM", "commit", "patches", "image tag", "digest", "verify", "status", "time"]
     assert set(rule) <= {"|", "-"}
     assert "vllm-0.32.0-cpu-amd64" in row and "published" in row and "4m51s" in row
     assert "1/1 answers, c=1: TTFT 17 ms, 592 tok/s" in row
+
+
+def test_the_table_shows_each_patch_status_and_the_commit() -> None:
+    run = a_run("published")
+    (spark,) = plan.make(Options.from_env(matrix=ROOT / "matrix.yaml", only=("vllm-0.19.0-*",)))
+    run.plan = spark
+    run.patches = (
+        patch.Result("cmake-arch-sm121", "upstream", ""),
+        patch.Result("e2m1-software", "applies", ""),
+    )
+    row = pipeline.summary_table([run]).splitlines()[2]
+    assert "cmake-arch-sm121=upstream e2m1-software=applies" in row
+    assert "2a69949bdadf" in row
+    assert pipeline.TargetRun(run.plan).row()["patches"] is None
 
 
 def test_step_summary_goes_to_github(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
