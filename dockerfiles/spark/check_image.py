@@ -29,8 +29,11 @@ elif not torch.version.cuda.startswith(args.cuda):
 installed = importlib.metadata.version("vllm")
 if installed.split("+")[0] != args.vllm_version:
     problems.append(f"vLLM {installed} is installed, the plan asked for {args.vllm_version}")
-sources = pathlib.Path("/opt/sparkbuild/sources.txt").read_text().split()
-if args.vllm_commit not in sources:
+record = pathlib.Path("/opt/sparkbuild/sources.txt")
+sources = record.read_text().split() if record.is_file() else []
+if not sources:
+    problems.append(f"{record} is missing: the source stage did not record the commits it fetched")
+elif args.vllm_commit not in sources:
     problems.append(f"vLLM was not built from commit {args.vllm_commit}; sources: {' '.join(sources)}")
 if problems:
     sys.exit("image check failed:\n  " + "\n  ".join(problems))
