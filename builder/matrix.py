@@ -55,9 +55,13 @@ class GitSource:
     repo: str
     ref: str
     commit: str | None
+    # The version of this commit where the ref does not say it (a commit being bisected).
+    as_version: str | None = None
 
     @property
     def version(self) -> str:
+        if self.as_version is not None:
+            return self.as_version
         return self.ref[1:] if re.match(r"v\d", self.ref) else self.ref
 
 
@@ -607,4 +611,4 @@ def at_commit(target: Target, source: GitSource, version: str) -> Target:
         kind: Literal["version", "ref"] = "version" if source.ref == f"v{version}" else "ref"
         spec = version if kind == "version" else source.ref
         vllm = VllmSource(kind=kind, spec=spec, repo=source.repo, version=version, commit=source.commit)
-    return replace(target, vllm=vllm, candidate=source)
+    return replace(target, vllm=vllm, candidate=replace(source, as_version=version))

@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from builder.engine import Engine
 from tests.lanes.conftest import Upstream, spark_matrix, sparkbuild
+from tests.lanes.test_rc import rc_matrix
 
 
 def test_bisect_names_the_commit_that_breaks_a_patch(upstream: Upstream, tmp_path: Path) -> None:
@@ -35,3 +39,27 @@ def test_bisect_refuses_a_range_whose_good_end_fails(upstream: Upstream, tmp_pat
     )
     assert result.returncode == 2
     assert "fails `patch`" in result.stderr and "needs a good commit that passes" in result.stderr
+
+
+@pytest.mark.docker
+def test_bisect_at_the_build_stage_builds_each_probe_of_one_target(
+    upstream: Upstream, engine: Engine, base: str, cache: Path, tmp_path: Path
+) -> None:
+    """--stage build runs the target's pipeline at each commit: the patch check, then a real build
+    (the local profile's image, here); the breaking commit fails at its patch check."""
+    matrix = rc_matrix(tmp_path / "matrix.yaml", upstream)
+    matrix.write_text(
+        matrix.read_text().replace("lane: rc", "lane: nightly").replace("sparkbuild-test/vllm-rc", "sparkbuild-test/bisect")
+    )
+    result = sparkbuild(
+        "bisect", "--matrix", str(matrix), "--good", "v0.33.0", "--bad", "v0.34.0rc1", "--stage", "build", "--json", cache=cache
+    )
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert found["first_bad"] == upstream.shas["break"]
+    passed = [s for s in found["steps"] if s["ok"]]
+    assert passed and all(s["detail"].startswith("build passed (vllm-0.32.0-cpu-amd64-") for s in passed)
+    for step in passed:
+        tag = step["detail"].split("(")[1].rstrip(")")
+        labels = engine.inspect(f"sparkbuild-test/bisect:{tag}")["Config"]["Labels"]
+        assert labels["io.sparkbuild.candidate"].endswith(step["commit"])

@@ -91,7 +91,9 @@ def test_rc_targets_take_the_candidate(write_matrix: MatrixWriter) -> None:
         plan.make(Options.from_env(matrix=path))
     candidate = rc.Candidate(repo="git://127.0.0.1:1/vllm", tag="v0.34.0rc2", commit="e" * 40, release="v0.33.0")
     at = rc.for_candidate(target, candidate)
-    assert at.vllm == target.vllm and at.candidate == GitSource(repo=candidate.repo, ref="v0.34.0rc2", commit="e" * 40)
+    assert at.vllm == target.vllm and at.candidate == GitSource(
+        repo=candidate.repo, ref="v0.34.0rc2", commit="e" * 40, as_version="0.34.0rc2"
+    )
     p = plan.plan_target(at, path.parent / "patches", Options.from_env(matrix=path, date="20261121"))
     assert p.tags == ("0.34.0rc2", "rc") and p.labels["io.sparkbuild.candidate"] == f"v0.34.0rc2@{'e' * 40}"
     other = plan.plan_target(
