@@ -32,9 +32,6 @@ class LaneFailed(FatalError):
     exit_code = 8
 
 
-NightlyFailed = LaneFailed
-
-
 @dataclass
 class TargetRun:
     """What happened to one target; filled in stage by stage."""
@@ -74,9 +71,9 @@ class TargetRun:
 class Context:
     opts: Options
     registry: Registry
-    # Where source trees are unpacked for patch checks during this run (removed after it).
-    work: Path = field(default_factory=lambda: Path(tempfile.gettempdir()))
-    patches_dir: Path | None = None
+    # Where source trees are checked out for patch checks during this run (removed after it).
+    work: Path
+    patches_dir: Path
     trees: dict[str, Path] = field(default_factory=dict)
 
     @cached_property
@@ -105,7 +102,7 @@ def source_of(target: Target) -> tuple[GitSource, str] | None:
 def check_patches(ctx: Context, run: TargetRun) -> bool:
     """Say what each patch does to this vLLM commit before anything is built; a conflict stops here."""
     source = source_of(run.plan.target)
-    if source is None or not run.plan.target.patches or source[0].commit is None or ctx.patches_dir is None:
+    if source is None or not run.plan.target.patches or source[0].commit is None:
         return True
     run.status = "checking patches"
     git, version = source
@@ -198,8 +195,9 @@ def nightly(opts: Options, *, table_to_stderr: bool = False) -> list[TargetRun]:
     with log.step("Planning"):
         plans = plan.make(opts)
     runs = [TargetRun(p) for p in plans]
+    patches_dir = plan.load_matrix(opts).patches_dir
     with open_registry(opts) as registry, tempfile.TemporaryDirectory(prefix="sparkbuild-") as work:
-        ctx = Context(opts, registry, Path(work), plan.load_matrix(opts).patches_dir)
+        ctx = Context(opts, registry, Path(work), patches_dir)
         for i, run in enumerate(runs, 1):
             with log.step(f"[{i}/{len(runs)}] {run.plan.id}"):
                 run_target(ctx, run)

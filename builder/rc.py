@@ -142,9 +142,17 @@ def rc(opts: Options, *, dry_run: bool = False, table_to_stderr: bool = False) -
     runs = [TargetRun(p) for p in plans]
     path = state_file(opts)
     state = _load_state(path)
-    stages: tuple[pipeline.TargetStage, ...] = (
-        (pipeline.check_patches,) if dry_run else (remembered(state), pipeline.check_patches, *pipeline.TARGET_STAGES)
+    # The patch check comes first here (the nightly looks for a published image first): saying
+    # whether the patches hold on a new candidate is this lane's first job.
+    full = (
+        remembered(state),
+        pipeline.check_patches,
+        pipeline.find_published,
+        pipeline.build_image,
+        pipeline.verify_image,
+        pipeline.publish_image,
     )
+    stages: tuple[pipeline.TargetStage, ...] = (pipeline.check_patches,) if dry_run else full
     with pipeline.open_registry(opts) as registry, tempfile.TemporaryDirectory(prefix="sparkbuild-rc-") as work:
         ctx = Context(opts, registry, Path(work), m.patches_dir)
         for i, run in enumerate(runs, 1):
