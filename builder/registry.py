@@ -49,12 +49,34 @@ class Registry:
         loopback = self.host.startswith(("127.", "localhost", "[::1]"))
         return f"{'http' if loopback else 'https'}://{self.host}/v2"
 
-    def _request(self, method: str, url: str, **kwargs: object) -> requests.Response:
-        auth = (self.username, self.password) if self.username and self.password else None
+    @property
+    def _auth(self) -> tuple[str, str] | None:
+        return (self.username, self.password) if self.username and self.password else None
+
+    def _request(self, method: str, url: str, headers: dict[str, str] | None = None, **kwargs: object) -> requests.Response:
+        """One request; a ``WWW-Authenticate: Bearer realm=...,service=...,scope=...`` challenge
+        (Docker Hub, nvcr.io, ghcr.io) is answered with a token from that realm and the request repeated once."""
         try:
-            return requests.request(method, url, auth=auth, timeout=60, **kwargs)  # type: ignore[arg-type]
+            response = requests.request(method, url, auth=self._auth, headers=headers, timeout=60, **kwargs)  # type: ignore[arg-type]
+            challenge = response.headers.get("WWW-Authenticate", "")
+            if response.status_code == 401 and challenge.lower().startswith("bearer "):
+                bearer = {**(headers or {}), "Authorization": f"Bearer {self._bearer_token(challenge)}"}
+                response = requests.request(method, url, headers=bearer, timeout=60, **kwargs)  # type: ignore[arg-type]
         except requests.RequestException as exc:
             raise PublishError(f"registry {self.host} did not answer: {exc}") from None
+        return response
+
+    def _bearer_token(self, challenge: str) -> str:
+        """A token from the challenge's realm: anonymous, or with this registry's credentials."""
+        fields = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
+        realm = fields.pop("realm", "")
+        if not realm:
+            raise PublishError(f"registry {self.host} asked for a token without a realm: {challenge}")
+        response = requests.get(realm, params=fields, auth=self._auth, timeout=60)
+        if response.status_code != 200:
+            raise PublishError(f"token service {realm} gave HTTP {response.status_code} for {fields.get('scope', '')}")
+        data = response.json()
+        return str(data.get("token") or data.get("access_token") or "")
 
     def ping(self) -> bool:
         try:
@@ -167,39 +189,9 @@ def split_image(image: str) -> tuple[str, str, str]:
 
 
 def image_digest(image: str) -> str:
-    """The manifest digest (the multi-platform index where there is one) that ``image`` names now.
-
-    Registries that want a token for anonymous pulls (Docker Hub, nvcr.io) answer 401 with a
-    ``WWW-Authenticate: Bearer realm=...,service=...,scope=...`` challenge; the token is fetched
-    anonymously and the request repeated once.
-    """
+    """The manifest digest (the multi-platform index where there is one) that ``image`` names now."""
     host, repository, tag = split_image(image)
-    registry = Registry(host)
-    url = f"{registry.base_url}/{repository}/manifests/{tag}"
-    headers = {"Accept": ", ".join(MANIFEST_TYPES)}
-    response = registry._request("HEAD", url, headers=headers)
-    challenge = response.headers.get("WWW-Authenticate", "")
-    if response.status_code == 401 and challenge.lower().startswith("bearer "):
-        token = _bearer_token(registry, challenge)
-        response = registry._request("HEAD", url, headers={**headers, "Authorization": f"Bearer {token}"})
-    if response.status_code == 404:
+    digest = Registry(host).digest(repository, tag)
+    if digest is None:
         raise PublishError(f"{image}: {host} has no tag '{tag}' in {repository}; fix 'image:' under bases: in the matrix")
-    digest = response.headers.get("Docker-Content-Digest")
-    if response.status_code != 200 or not digest:
-        raise PublishError(f"{image}: HEAD {url} gave HTTP {response.status_code}; is {host} reachable from here?")
     return digest
-
-
-def _bearer_token(registry: Registry, challenge: str) -> str:
-    fields = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
-    realm = fields.pop("realm", "")
-    if not realm:
-        raise PublishError(f"registry {registry.host} asked for a token without a realm: {challenge}")
-    try:
-        response = requests.get(realm, params=fields, timeout=60)
-    except requests.RequestException as exc:
-        raise PublishError(f"token service {realm} did not answer: {exc}") from None
-    if response.status_code != 200:
-        raise PublishError(f"token service {realm} gave HTTP {response.status_code} for {fields.get('scope', '')}")
-    data = response.json()
-    return str(data.get("token") or data.get("access_token") or "")
