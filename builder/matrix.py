@@ -180,8 +180,12 @@ class Matrix:
     patches_dir: Path
     targets: tuple[Target, ...]
     upstreams: dict[str, str]
-    # Images named without a digest in bases:, and not pinned by the lock: resolve pins them.
-    unpinned_images: tuple[str, ...] = ()
+    bases: dict[str, Base]
+
+    @property
+    def unpinned_images(self) -> tuple[str, ...]:
+        """Images named without a digest in bases:, and not pinned by the lock: resolve pins them."""
+        return tuple(dict.fromkeys(b.image for b in self.bases.values() if b.image is not None and "@" not in b.image))
 
 
 def _tag_template(doc: Located, path: DocPath, value: Any) -> str:
@@ -347,8 +351,7 @@ def load(file: Path, pins: lock.Lock | None = None) -> Matrix:
                 )
             seen[target.id] = target
             targets.append(target)
-    unpinned = tuple(b.image for b in bases.values() if b.image is not None and "@" not in b.image)
-    return Matrix(file=file, patches_dir=patches_dir, targets=tuple(targets), upstreams=upstreams, unpinned_images=unpinned)
+    return Matrix(file=file, patches_dir=patches_dir, targets=tuple(targets), upstreams=upstreams, bases=bases)
 
 
 def _upstreams(doc: Located, defaults_doc: Located, value: Any) -> dict[str, str]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder import gitrepo, lock, log, matrix, registry
+from builder import gitrepo, lock, log, matrix, plan, registry
 from builder.errors import ConfigError, PublishError
 from builder.options import Options
 
@@ -119,18 +119,14 @@ def _pin_git(opts: Options, targets: tuple[matrix.Target, ...], previous: lock.L
 def _pin_images(m: matrix.Matrix, previous: lock.Lock) -> list[Pin]:
     pins: list[Pin] = []
     for image in m.unpinned_images:
-        users = tuple(t.id for t in m.targets if image in {b.image for b in _bases(t)})
+        name = next(n for n, b in m.bases.items() if b.image == image)
+        users = tuple(t.id for t in m.targets if any(b.image == image for b in plan.bases(t).values()))
         try:
             digest = registry.image_digest(image)
         except PublishError as exc:
             raise ConfigError(f"{m.file}: bases: {exc}") from None
-        name = next(b.name for t in m.targets for b in _bases(t) if b.image == image) if users else image
         pins.append(Pin(f"base {name}", image, image.rpartition(":")[2], digest, "registry", users, previous.digest(image)))
     return pins
-
-
-def _bases(target: matrix.Target) -> tuple[matrix.Base, ...]:
-    return (target.base, target.source_base, target.runtime_base, target.ptxas_base)
 
 
 def table(result: Result) -> str:
