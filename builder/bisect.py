@@ -7,6 +7,7 @@ mirror: ``patch`` (default, seconds per step) checks the patch set on each tree;
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -103,8 +104,15 @@ def bisect(opts: Options, good: str, bad: str, stage: Stage = "patch", patch_nam
     commits = mirror.commits_between(good_sha, bad_sha)
     result = Result(repo=repo, good=good, bad=bad, stage=stage, candidates=len(commits))
     names = patch_names or (target.patches if target else ())
-    with tempfile.TemporaryDirectory(prefix="sparkbuild-bisect-") as work:
-        probe = _probe(opts, m, mirror, stage, target, names, Path(work))
+    with contextlib.ExitStack() as stack:
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sparkbuild-bisect-")))
+        # One registry for every probe; the patch stage needs none.
+        ctx = (
+            None
+            if stage == "patch"
+            else pipeline.Context(opts, stack.enter_context(pipeline.open_registry(opts)), work, m.patches_dir)
+        )
+        probe = _probe(opts, m, mirror, stage, target, names, work, ctx)
         for name, sha, want in (("--bad", bad_sha, False), ("--good", good_sha, True)):
             ok, detail = probe(sha)
             result.steps.append(Step(sha, ok, detail))
@@ -134,7 +142,14 @@ def _target(m: Matrix, opts: Options) -> Target:
 
 
 def _probe(
-    opts: Options, m: Matrix, mirror: gitrepo.Mirror, stage: Stage, target: Target | None, names: tuple[str, ...], work: Path
+    opts: Options,
+    m: Matrix,
+    mirror: gitrepo.Mirror,
+    stage: Stage,
+    target: Target | None,
+    names: tuple[str, ...],
+    work: Path,
+    ctx: pipeline.Context | None,
 ) -> Probe:
     patches = patch.load(m.patches_dir, names or None)
     cache: dict[str, tuple[bool, str]] = {}
@@ -152,14 +167,12 @@ def _probe(
         return report.ok, pipeline.patch_cell(report.results)
 
     def run(commit: str) -> tuple[bool, str]:
-        assert target is not None
+        assert target is not None and ctx is not None
         at = matrix.at_commit(target, GitSource(repo=mirror.url, ref=commit, commit=commit), version(commit))
         p = plan.plan_target(at, m.patches_dir, opts)
         stages = (pipeline.check_patches, pipeline.build_image) + ((pipeline.verify_image,) if stage == "verify" else ())
-        with pipeline.open_registry(opts) as registry:
-            ctx = pipeline.Context(opts, registry, work, m.patches_dir)
-            r = pipeline.TargetRun(p)
-            pipeline.run_target(ctx, r, stages)
+        r = pipeline.TargetRun(p)
+        pipeline.run_target(ctx, r, stages)
         return r.error is None, r.error or f"{stage} passed ({p.content_tag})"
 
     def probe(commit: str) -> tuple[bool, str]:

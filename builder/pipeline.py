@@ -13,7 +13,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
@@ -74,7 +74,6 @@ class Context:
     # Where source trees are checked out for patch checks during this run (removed after it).
     work: Path
     patches_dir: Path
-    trees: dict[str, Path] = field(default_factory=dict)
 
     @cached_property
     def engine(self) -> Engine:
@@ -82,12 +81,11 @@ class Context:
         return Engine()
 
     def tree(self, source: GitSource) -> Path:
-        """The source tree at ``source.commit``, from the local mirror; once per commit per run."""
+        """The source tree at ``source.commit``: one worktree of the mirror per repository, moved
+        from commit to commit (a new worktree costs seconds, moving it milliseconds)."""
         assert source.commit is not None
-        if source.commit not in self.trees:
-            mirror = gitrepo.Mirror(self.opts.cache, source.repo)
-            self.trees[source.commit] = mirror.checkout(source.commit, self.work / "trees" / source.commit[:12])
-        return self.trees[source.commit]
+        mirror = gitrepo.Mirror(self.opts.cache, source.repo)
+        return mirror.checkout(source.commit, self.work / "trees" / mirror.path.stem)
 
 
 def source_of(target: Target) -> tuple[GitSource, str] | None:
