@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
 import textwrap
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
@@ -73,3 +78,49 @@ def registry(tmp_path: Path) -> Iterator[Registry]:
     """A real registry (Debian's docker-registry) on 127.0.0.1 for one test."""
     with embedded(tmp_path / "registry") as reg:
         yield reg
+
+
+# --- real git repositories and the sparkbuild command, for tests that need them ------------------
+
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "Upstream Dev",
+    "GIT_AUTHOR_EMAIL": "dev@example.invalid",
+    "GIT_COMMITTER_NAME": "Upstream Dev",
+    "GIT_COMMITTER_EMAIL": "dev@example.invalid",
+    "PATH": "/usr/bin:/bin",
+}
+
+
+def git(*args: str | Path, cwd: Path) -> str:
+    result = subprocess.run(["git", *map(str, args)], cwd=cwd, env=GIT_ENV, check=True, capture_output=True, text=True)
+    return result.stdout.strip()
+
+
+@contextmanager
+def git_daemon(root: Path) -> Iterator[str]:
+    """Serve every repository under ``root`` over the git protocol on 127.0.0.1; yields git://HOST:PORT."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    daemon = subprocess.Popen(
+        ["git", "daemon", "--export-all", "--reuseaddr", f"--base-path={root}", "--listen=127.0.0.1", f"--port={port}", str(root)]
+    )
+    try:
+        for _ in range(50):
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        yield f"git://127.0.0.1:{port}"
+    finally:
+        daemon.terminate()
+        daemon.wait()
+
+
+def run_sparkbuild(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``sparkbuild ARGS`` as a user runs it (a new process), with ``env`` added to this one's."""
+    result = subprocess.run(
+        [sys.executable, "-m", "builder", *args], env={**os.environ, **env}, capture_output=True, text=True, cwd=ROOT
+    )
+    sys.stderr.write(result.stderr[-4000:])
+    return result

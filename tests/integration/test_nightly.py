@@ -7,9 +7,7 @@ the other tests use what it built.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,18 +17,10 @@ import pytest
 from builder import model
 from builder.engine import Engine
 from builder.registry import embedded
-from tests.conftest import ROOT
+from tests.conftest import run_sparkbuild as sparkbuild
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 TARGET = "vllm-0.32.0-cpu-amd64"
-
-
-def sparkbuild(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "builder", *args], env={**os.environ, **env}, capture_output=True, text=True, cwd=ROOT
-    )
-    sys.stderr.write(result.stderr[-4000:])
-    return result
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
-import subprocess
 import textwrap
 import time
 from collections.abc import Iterator
@@ -18,20 +16,9 @@ from builder import build, plan, sources
 from builder.engine import Engine
 from builder.options import Options
 from builder.registry import Registry
-from tests.conftest import ROOT
+from tests.conftest import ROOT, git, git_daemon
 
 pytestmark = pytest.mark.docker
-
-
-def git(*args: str | Path, cwd: Path) -> str:
-    env = {
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@t",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@t",
-        "PATH": "/usr/bin:/bin",
-    }
-    return subprocess.run(["git", *map(str, args)], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
 
 
 def commit_tree(source: Path, repo: Path, tag: str) -> str:
@@ -44,7 +31,7 @@ def commit_tree(source: Path, repo: Path, tag: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def git_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
     """vLLM 0.19.0's sdist as a git repository, and a small stand-in for CUTLASS, served on loopback."""
     root = tmp_path_factory.mktemp("git")
     vllm = sources.vllm_sdist("0.19.0", Options.from_env().cache)
@@ -53,30 +40,8 @@ def git_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
     (root / "cutlass-src" / "include" / "cutlass").mkdir(parents=True)
     (root / "cutlass-src" / "include" / "cutlass" / "cutlass.h").write_text("#pragma once\n")
     commits["cutlass"] = commit_tree(root / "cutlass-src", root / "cutlass", "v4.2.1")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    args = [
-        "git",
-        "daemon",
-        "--export-all",
-        "--reuseaddr",
-        f"--base-path={root}",
-        "--listen=127.0.0.1",
-        f"--port={port}",
-        str(root),
-    ]
-    daemon = subprocess.Popen(args)
-    try:
-        for _ in range(50):
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.1)
-        yield f"git://127.0.0.1:{port}", commits
-    finally:
-        daemon.terminate()
-        daemon.wait()
+    with git_daemon(root) as url:
+        yield url, commits
 
 
 def spark_matrix(tmp_path: Path, url: str, commits: dict[str, str]) -> Path:
@@ -103,9 +68,9 @@ def spark_matrix(tmp_path: Path, url: str, commits: dict[str, str]) -> Path:
 
 
 def test_the_source_stage_fetches_pinned_commits_and_applies_the_patches(
-    engine: Engine, base: str, cache: Path, tmp_path: Path, git_daemon: tuple[str, dict[str, str]]
+    engine: Engine, base: str, cache: Path, tmp_path: Path, served: tuple[str, dict[str, str]]
 ) -> None:
-    url, commits = git_daemon
+    url, commits = served
     opts = Options.from_env(matrix=spark_matrix(tmp_path, url, commits), cache=cache, out=tmp_path / "out")
     (p,) = plan.make(opts)
     stage = next(s for s in p.stages if s.name == "vllm")

@@ -13,14 +13,10 @@ History (oldest first)::
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import socket
 import subprocess
-import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,21 +25,9 @@ import pytest
 
 from builder import sources
 from builder.options import Options
-from tests.conftest import ROOT
+from tests.conftest import ROOT, git, git_daemon, run_sparkbuild
 
-ENV = {
-    "GIT_AUTHOR_NAME": "Upstream Dev",
-    "GIT_AUTHOR_EMAIL": "dev@example.invalid",
-    "GIT_COMMITTER_NAME": "Upstream Dev",
-    "GIT_COMMITTER_EMAIL": "dev@example.invalid",
-    "PATH": "/usr/bin:/bin",
-}
 HEADER = "csrc/quantization/fp4/nvfp4_utils.cuh"
-
-
-def git(*args: str | Path, cwd: Path) -> str:
-    result = subprocess.run(["git", *map(str, args)], cwd=cwd, env=ENV, check=True, capture_output=True, text=True)
-    return result.stdout.strip()
 
 
 def replace_tree(repo: Path, source: Path) -> None:
@@ -78,26 +62,9 @@ class Upstream:
         return self.shas["revert"]
 
 
-def serve(root: Path) -> tuple[subprocess.Popen[bytes], int]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    daemon = subprocess.Popen(
-        ["git", "daemon", "--export-all", "--reuseaddr", f"--base-path={root}", "--listen=127.0.0.1", f"--port={port}", str(root)]
-    )
-    for _ in range(50):
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.1)
-    return daemon, port
-
-
 def sparkbuild(*args: str, cache: Path, out: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SPARKBUILD_CACHE": str(cache), "SPARKBUILD_OUT": str(out or cache / "out"), "SPARKBUILD_REGISTRY": ""}
-    result = subprocess.run([sys.executable, "-m", "builder", *args], env=env, capture_output=True, text=True, cwd=ROOT)
-    sys.stderr.write(result.stderr[-3000:])
-    return result
+    env = {"SPARKBUILD_CACHE": str(cache), "SPARKBUILD_OUT": str(out or cache / "out"), "SPARKBUILD_REGISTRY": ""}
+    return run_sparkbuild(*args, env=env)
 
 
 def spark_matrix(path: Path, upstream: Upstream, vllm: str, image: str) -> Path:
@@ -159,9 +126,5 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
     git("init", "--quiet", "--initial-branch=main", cwd=cutlass)
     shas["cutlass"] = commit(cutlass, "CUTLASS 4.2.1 stand-in")
     git("tag", "v4.2.1", cwd=cutlass)
-    daemon, port = serve(root)
-    try:
-        yield Upstream(url=f"git://127.0.0.1:{port}", repo=repo, shas=shas)
-    finally:
-        daemon.terminate()
-        daemon.wait()
+    with git_daemon(root) as url:
+        yield Upstream(url=url, repo=repo, shas=shas)

@@ -11,7 +11,8 @@ import requests
 from builder import lock, plan
 from builder.options import Options
 from builder.registry import Registry
-from tests.lanes.conftest import Upstream, commit, git, spark_matrix, sparkbuild
+from tests.conftest import git
+from tests.lanes.conftest import Upstream, commit, spark_matrix, sparkbuild
 
 
 def push_manifest(registry: Registry, repository: str, tag: str) -> str:
