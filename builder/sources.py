@@ -1,4 +1,5 @@
-"""Upstream source trees: vLLM sdists from PyPI, checked against the index's sha256 and cached.
+"""Upstream source trees: vLLM sdists (and header-only wheels) from PyPI, checked against the index's
+sha256 and cached.
 
 PyPI's simple index (PEP 503) gives every file's sha256 in its link (``#sha256=...``); the JSON API is
 not used, so a mirror that serves only the simple index works too (``SPARKBUILD_PYPI_SIMPLE``).
@@ -12,6 +13,7 @@ import re
 import shutil
 import tarfile
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -28,7 +30,7 @@ _CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
-class SdistLink:
+class IndexLink:
     filename: str
     url: str
     sha256: str
@@ -54,8 +56,13 @@ def simple_index() -> str:
     return os.environ.get("SPARKBUILD_PYPI_SIMPLE", DEFAULT_SIMPLE_INDEX).rstrip("/") + "/"
 
 
-def sdist_links(project: str, index: str | None = None) -> dict[str, SdistLink]:
+def sdist_links(project: str, index: str | None = None) -> dict[str, IndexLink]:
     """Every ``.tar.gz`` of ``project`` in the simple index, by file name, with its sha256."""
+    return index_links(project, index, suffix=".tar.gz")
+
+
+def index_links(project: str, index: str | None = None, suffix: str = "") -> dict[str, IndexLink]:
+    """Every file of ``project`` in the simple index whose name ends with ``suffix``, with its sha256."""
     page = urljoin(index or simple_index(), f"{project}/")
     log.info(f"+ GET {page}")
     try:
@@ -65,12 +72,12 @@ def sdist_links(project: str, index: str | None = None) -> dict[str, SdistLink]:
         raise SourceError(f"cannot read the package index {page}: {exc}. Check the network or SPARKBUILD_PYPI_SIMPLE.") from None
     parser = _Links()
     parser.feed(response.text)
-    links: dict[str, SdistLink] = {}
+    links: dict[str, IndexLink] = {}
     for text, href in parser.hrefs:
         url, fragment = urldefrag(urljoin(page, href))
-        if not text.endswith(".tar.gz") or not fragment.startswith("sha256="):
+        if not text.endswith(suffix) or not fragment.startswith("sha256="):
             continue
-        links[text] = SdistLink(filename=text, url=url, sha256=fragment.removeprefix("sha256="))
+        links[text] = IndexLink(filename=text, url=url, sha256=fragment.removeprefix("sha256="))
     return links
 
 
@@ -104,7 +111,13 @@ def _download(version: str, cache: Path) -> Path:
             f"PyPI has no sdist {filename}; nearest: {', '.join(near) or 'none'}. "
             "Release candidates exist only as git tags; check them out and use --source DIR."
         )
-    target = cache / "sdists" / filename
+    return fetch(link, cache / "sdists")
+
+
+def fetch(link: IndexLink, folder: Path) -> Path:
+    """``link`` downloaded into ``folder`` once; kept only when its sha256 matches the index."""
+    filename = link.filename
+    target = folder / filename
     if target.is_file() and _sha256(target) == link.sha256:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -128,6 +141,36 @@ def _download(version: str, cache: Path) -> Path:
         )
     Path(part.name).replace(target)
     return target
+
+
+def wheel_tree(project: str, filename: str, cache: Path, only: str = "") -> Path:
+    """The members of a PyPI wheel under ``only`` (for example its C++ headers), unpacked once under
+    ``cache/wheels``. The wheel itself is deleted afterwards: some (cuBLAS) are hundreds of MB."""
+    tree = cache / "wheels" / filename.removesuffix(".whl")
+    stamp = tree / ".sparkbuild-unpacked"
+    if stamp.is_file():
+        return tree
+    link = index_links(project, suffix=".whl").get(filename)
+    if link is None:
+        raise SourceError(f"PyPI has no {filename} for {project}; check the name on {simple_index()}{project}/")
+    archive = fetch(link, cache / "downloads")
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=tree.parent, prefix=".unpack-"))
+    try:
+        with zipfile.ZipFile(archive) as wheel:
+            members = [name for name in wheel.namelist() if name.startswith(only)]
+            if not members:
+                raise SourceError(f"{filename} has nothing under {only!r}")
+            # zipfile drops absolute and '..' parts of member names, so nothing lands outside staging.
+            wheel.extractall(staging, members)  # noqa: S202
+        (staging / stamp.name).write_text(f"{filename} {only}\n", encoding="utf-8")
+        if tree.exists():
+            shutil.rmtree(tree)
+        staging.rename(tree)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    archive.unlink()
+    return tree
 
 
 def _distance(name: str, wanted: str) -> int:
