@@ -242,8 +242,12 @@ _ASM = re.compile(r"\basm\s*(?:volatile\s*)?\(")
 _GUARD_WORDS = ("__CUDA_ARCH_FAMILY_SPECIFIC__", "__CUDA_ARCH_SPECIFIC__", "__CUDA_ARCH_FEAT_SM", "SPARKBUILD_E2M1_HW")
 
 
-class AsmError(ValueError):
-    """An e2m1 asm block this rule cannot translate; reported as a conflict."""
+class RuleConflict(ValueError):
+    """A change a rule cannot make on this tree (the code it expects changed); reported as a conflict."""
+
+
+class AsmError(RuleConflict):
+    """An e2m1 asm block this rule cannot translate."""
 
 
 def e2m1_software(overlay: Overlay, folder: Path) -> Outcome:
@@ -404,7 +408,108 @@ def _insert_snippet(text: str, snippet: str, rel: str) -> str:
     return text[:at] + "\n" + snippet.rstrip("\n") + "\n" + text[at:]
 
 
+# --- MXFP4 CUTLASS MoE on SM12x -----------------------------------------------------------------
+
+MXFP4_GEMM = "csrc/quantization/fp4/mxfp4_blockwise_moe_kernel.cu"
+MXFP4_QUANT = "csrc/quantization/fp4/mxfp4_experts_quant.cu"
+MXFP4_SNIPPET = "sm120_group_mm.cuh"
+MXFP4_SM120_FN = "run_mxfp4_blockwise_scaled_group_mm_sm120"
+_MXFP4_DISPATCH = re.compile(r"template <typename OutType>\s*\nvoid run_mxfp4_blockwise_scaled_group_mm\(")
+_SM100_GUARD = "#if defined ENABLE_NVFP4_SM100 && ENABLE_NVFP4_SM100"
+_EITHER_GUARD = (
+    "#if (defined ENABLE_NVFP4_SM100 && ENABLE_NVFP4_SM100) || \\\n    (defined ENABLE_NVFP4_SM120 && ENABLE_NVFP4_SM120)"
+)
+_SM120_BRANCH = """#if defined ENABLE_NVFP4_SM120 && ENABLE_NVFP4_SM120
+  if (version_num >= 120 && version_num < 130) {
+    STD_TORCH_CHECK_NOT_IMPLEMENTED(
+        (cute::is_same_v<OutType, cutlass::bfloat16_t>),
+        "SM12x cutlass_mxfp4_group_mm supports bfloat16 output only");
+    run_mxfp4_blockwise_scaled_group_mm_sm120(
+        output, a, b, a_blockscale, b_blockscales, problem_sizes,
+        expert_offsets, sf_offsets, M, N, K);
+    return;
+  }
+#endif
+"""
+_QUANT_GATE = "cuda_device_capability >= 100 && cuda_device_capability < 120"
+_QUANT_GATE_SM12X = "cuda_device_capability >= 100 && cuda_device_capability < 130"
+
+
+def mxfp4_cutlass_sm12x(overlay: Overlay, folder: Path) -> Outcome:
+    """An SM120 kernel beside vLLM's SM100-only MXFP4 grouped GEMM, its dispatch, gate and arch list."""
+    if not overlay.exists(MXFP4_GEMM):
+        return Outcome("not-applicable", f"no {MXFP4_GEMM}: this version has no CUTLASS MXFP4 MoE")
+    steps = (
+        (MXFP4_GEMM, lambda text: _mxfp4_gemm(text, (folder / MXFP4_SNIPPET).read_text(encoding="utf-8"))),
+        (MXFP4_QUANT, _mxfp4_quant_gate),
+        ("CMakeLists.txt", _mxfp4_cmake),
+    )
+    edits: list[Edit] = []
+    notes: list[str] = []
+    for rel, step in steps:
+        if not overlay.exists(rel):
+            return Outcome("conflict", f"{rel} is missing beside {MXFP4_GEMM}; the layout changed, update the rule")
+        before = overlay.read(rel)
+        try:
+            after, note = step(before)
+        except RuleConflict as exc:
+            return Outcome("conflict", f"{rel}: {exc}")
+        notes.append(f"{rel}: {note}")
+        if after != before:
+            edits.append(Edit(rel, before, after))
+    status: Status = "applies" if edits else "upstream"
+    return Outcome(status, "; ".join(notes), tuple(edits))
+
+
+def _mxfp4_gemm(text: str, snippet: str) -> tuple[str, str]:
+    if MXFP4_SM120_FN in text or "cutlass::arch::Sm120" in text:
+        return text, "already has an SM120 kernel"
+    found = list(_MXFP4_DISPATCH.finditer(text))
+    if len(found) != 1:
+        raise RuleConflict(f"expected one run_mxfp4_blockwise_scaled_group_mm dispatch, found {len(found)}")
+    at = found[0].start()
+    probe = "int32_t version_num = get_sm_version_num();\n"
+    branch = text.find(probe, at)
+    if branch < 0:
+        raise RuleConflict("the dispatch no longer reads get_sm_version_num(); update the rule")
+    branch += len(probe)
+    tail = text[branch:].replace('"Required capability: 100")', '"Required capability: 100 or 120")', 1)
+    # Past the dispatch, the SM100-only guards hide the op itself; the one inside it stays.
+    guards = [m.start() for m in re.finditer(re.escape(_SM100_GUARD), tail)]
+    outer = [g for g in guards if not tail[g + len(_SM100_GUARD) :].startswith("\n  if (version_num")]
+    if not outer:
+        raise RuleConflict(f"no '{_SM100_GUARD}' around cutlass_mxfp4_group_mm; update the rule")
+    for g in reversed(outer):
+        tail = tail[:g] + _EITHER_GUARD + tail[g + len(_SM100_GUARD) :]
+    head = text[:at] + snippet + text[at:branch]
+    return head + _SM120_BRANCH + tail, f"SM120 grouped GEMM, dispatch for 120-129, {len(outer)} guard(s) widened"
+
+
+def _mxfp4_quant_gate(text: str) -> tuple[str, str]:
+    if _QUANT_GATE_SM12X in text:
+        return text, "quant gate already admits SM12x"
+    if text.count(_QUANT_GATE) != 1:
+        raise RuleConflict(f"expected the gate '{_QUANT_GATE}' once, found it {text.count(_QUANT_GATE)} times")
+    return text.replace(_QUANT_GATE, _QUANT_GATE_SM12X), "quant gate admits 120-129"
+
+
+def _mxfp4_cmake(text: str) -> tuple[str, str]:
+    lists = [c for c in cmake_commands(text) if c.name == "set" and c.args.split()[:1] == ["FP4_SM120_SRCS"]]
+    if len(lists) != 1:
+        raise RuleConflict(f"expected one set(FP4_SM120_SRCS ...), found {len(lists)}")
+    c = lists[0]
+    missing = [f for f in (MXFP4_QUANT, MXFP4_GEMM) if f'"{f}"' not in c.args]
+    if not missing:
+        return text, "FP4_SM120_SRCS already builds the MXFP4 sources"
+    last = list(_QUOTED.finditer(c.args))[-1]
+    indent = c.args[: last.start()].rsplit("\n", 1)[-1]
+    added = "".join(f'\n{indent}"{f}"' for f in missing)
+    at = c.start + last.end()
+    return text[:at] + added + text[at:], f"FP4_SM120_SRCS +{len(missing)} MXFP4 source(s) (line {c.line})"
+
+
 RULES: dict[str, Rule] = {
     "cmake-arch-sm121": cmake_arch_sm121,
     "e2m1-software": e2m1_software,
+    "mxfp4-cutlass-sm12x": mxfp4_cutlass_sm12x,
 }

@@ -14,12 +14,12 @@ from tests.patches.conftest import PATCHES, VERSIONS, TreeFactory
 # What each patch does to each version. A new patch or version needs a row here: the test below
 # fails until the table covers every patch folder.
 EXPECTED: dict[str, dict[str, patch.Status]] = {
-    "0.11.0": {"cmake-arch-sm121": "applies", "e2m1-software": "applies"},
-    "0.12.0": {"cmake-arch-sm121": "applies", "e2m1-software": "applies"},
-    "0.16.0": {"cmake-arch-sm121": "applies", "e2m1-software": "applies"},
-    "0.19.0": {"cmake-arch-sm121": "upstream", "e2m1-software": "applies"},
+    "0.11.0": {"cmake-arch-sm121": "applies", "e2m1-software": "applies", "mxfp4-cutlass-sm12x": "not-applicable"},
+    "0.12.0": {"cmake-arch-sm121": "applies", "e2m1-software": "applies", "mxfp4-cutlass-sm12x": "not-applicable"},
+    "0.16.0": {"cmake-arch-sm121": "applies", "e2m1-software": "applies", "mxfp4-cutlass-sm12x": "not-applicable"},
+    "0.19.0": {"cmake-arch-sm121": "upstream", "e2m1-software": "applies", "mxfp4-cutlass-sm12x": "not-applicable"},
     # flashkda.cmake still lacks 12.1a on the CUDA 12.9 branch in 0.33.0.
-    "0.33.0": {"cmake-arch-sm121": "applies", "e2m1-software": "applies"},
+    "0.33.0": {"cmake-arch-sm121": "applies", "e2m1-software": "applies", "mxfp4-cutlass-sm12x": "applies"},
 }
 
 
