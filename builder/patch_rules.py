@@ -200,14 +200,43 @@ def _arch_edits(text: str, top_level: bool) -> tuple[str, list[str]]:
         all_items = [i for q in _QUOTED.finditer(c.args) for i in q.group(1).split(";")]
         if "12.0a" not in all_items or "12.1a" in all_items:
             continue
+        if c.cuda_min is not None and c.cuda_min >= FAMILY_CUDA:
+            # CUDA >= 13 leaves 12.1 out of the supported list, so 12.1a would be dropped here: the
+            # family target is what serves sm_121 (as upstream's lists do from 0.19 on).
+            for q in _QUOTED.finditer(c.args):
+                items = q.group(1).split(";")
+                if "12.0a" in items:
+                    new = ";".join("12.0f" if i == "12.0a" else i for i in items)
+                    note = f"{var} 12.0a -> 12.0f (CUDA >= 13, line {c.line})"
+                    changes.append((c.start + q.start(1), c.start + q.end(1), new, note))
+            continue
         for q in _QUOTED.finditer(c.args):
             items = q.group(1).split(";")
             if "12.0a" in items:
                 new = ";".join(_add_after(items, "12.0a", "12.1a"))
                 changes.append((c.start + q.start(1), c.start + q.end(1), new, f"{var} +12.1a (line {c.line})"))
+    changes += _match_edits(text)
     for start, end, new, _ in sorted(changes, reverse=True):
         text = text[:start] + new + text[end:]
     return text, [note for *_, note in changes]
+
+
+# A branch that picks code by `if(X MATCHES "12\\.0a")` must also see the 12.1a and 12.0f the lists now
+# hold: in 0.12-0.16 qutlass.cmake otherwise stops the configure ("internal error parsing CUDA_ARCHS").
+_MATCH_120A = "12\\\\.0a"
+_MATCH_12XA = "12\\\\.[01][af]"
+
+
+def _match_edits(text: str) -> list[tuple[int, int, str, str]]:
+    changes = []
+    for c in cmake_commands(text):
+        if c.name not in ("if", "elseif") or "MATCHES" not in c.args:
+            continue
+        for q in _QUOTED.finditer(c.args):
+            if _MATCH_120A in q.group(1):
+                new = q.group(1).replace(_MATCH_120A, _MATCH_12XA)
+                changes.append((c.start + q.start(1), c.start + q.end(1), new, f"MATCHES 12.0a -> 12.[01][af] (line {c.line})"))
+    return changes
 
 
 def cmake_arch_sm121(overlay: Overlay, folder: Path) -> Outcome:

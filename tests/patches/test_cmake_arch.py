@@ -156,3 +156,51 @@ def test_unpatched_lists_give_only_sm120a_on_cuda_12_9(version: str, tree_copy: 
     broken = unrunnable(tree_copy(version), 12.9)
     assert any(k.startswith("FP4_ARCHS") for k in broken), broken
     assert all(archs == ["12.0a"] for archs in broken.values()), broken
+
+
+QUTLASS = "cmake/external_projects/qutlass.cmake"
+PICK = """\
+cmake_minimum_required(VERSION 3.25)
+set(QUTLASS_ARCHS "{archs}")
+{block}
+message("QUTLASS_TARGET_CC=${{QUTLASS_TARGET_CC}}")
+"""
+
+
+def qutlass_target(tree: Path, cuda: float) -> tuple[list[str], subprocess.CompletedProcess[str]]:
+    """The archs qutlass.cmake intersects for TORCH_CUDA_ARCH_LIST=12.1a, and its own code pick run on them."""
+    supported, _ = active_lists((tree / "CMakeLists.txt").read_text(), cuda)
+    text = (tree / QUTLASS).read_text()
+    _, lists = active_lists(text, cuda)
+    (items,) = lists.values()
+    archs = intersect(tree, "121a", supported, {"QUTLASS": items})["QUTLASS"]
+    start = text.index("if(QUTLASS_ARCHS MATCHES")
+    block = text[start : text.index("endif()", start) + len("endif()")]
+    script = tree / "sparkbuild-qutlass.cmake"
+    script.write_text(PICK.format(archs=";".join(archs), block=block))
+    done = subprocess.run([shutil.which("cmake") or "cmake", "-P", script], capture_output=True, text=True, check=False)
+    script.unlink()
+    return archs, done
+
+
+@pytest.mark.parametrize("cuda", [12.9, 13.0])
+@pytest.mark.parametrize("version", ["0.12.0", "0.16.0"])
+def test_qutlass_builds_sm121_code(version: str, cuda: float, patched: TreeFactory) -> None:
+    archs, done = qutlass_target(patched(version), cuda)
+    # 0.12.0's qutlass list has no CUDA 13 branch, so on CUDA 13 it still yields sm_120a (see README).
+    want = ["12.0a"] if (version, cuda) == ("0.12.0", 13.0) else ["12.0f"] if cuda >= 13 else ["12.1a"]
+    assert archs == want
+    assert done.returncode == 0 and "QUTLASS_TARGET_CC=120" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("version", ["0.12.0", "0.16.0"])
+def test_qutlass_list_without_its_match_stops_the_configure(version: str, patched: TreeFactory, tree_copy: TreeFactory) -> None:
+    """12.1a in the list without the widened MATCHES is a FATAL_ERROR: why the rule changes both."""
+    tree = tree_copy(version)
+    qutlass = tree / QUTLASS
+    qutlass.write_text(qutlass.read_text().replace('"12.0a;', '"12.0a;12.1a;'))
+    for rel in ("CMakeLists.txt", "cmake/utils.cmake"):
+        (tree / rel).write_text((patched(version) / rel).read_text())
+    archs, done = qutlass_target(tree, 12.9)
+    assert archs == ["12.1a"]
+    assert done.returncode != 0 and "[QUTLASS] internal error parsing CUDA_ARCHS='12.1a'" in done.stderr, done.stderr
