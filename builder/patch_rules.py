@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import textwrap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -537,8 +538,176 @@ def _mxfp4_cmake(text: str) -> tuple[str, str]:
     return text[:at] + added + text[at:], f"FP4_SM120_SRCS +{len(missing)} MXFP4 source(s) (line {c.line})"
 
 
+# --- FlashInfer attention sinks on SM12x -------------------------------------------------------
+
+FI_BACKEND = "vllm/v1/attention/backends/flashinfer.py"
+SINKS_MARKER = "sparkbuild flashinfer-sinks-sm12x"
+
+
+@dataclass(frozen=True)
+class Region:
+    """One anchored change of ``find`` into ``replace``. ``find`` must occur exactly once; with ``before``,
+    the last occurrence ahead of the first ``before`` is the one changed (a text that repeats)."""
+
+    name: str
+    find: str
+    replace: str
+    before: str | None = None
+
+
+def apply_regions(text: str, regions: tuple[Region, ...]) -> str:
+    for r in regions:
+        end = len(text) if r.before is None else text.find(r.before)
+        if r.before is not None and end < 0:
+            raise RuleConflict(f"region '{r.name}': {r.before.strip()!r} not found; update the rule")
+        head = text[:end]
+        count = head.count(r.find)
+        if r.before is None and count != 1:
+            raise RuleConflict(f"region '{r.name}': expected {r.find.strip().splitlines()[0]!r} once, found it {count} times")
+        if count == 0:
+            raise RuleConflict(f"region '{r.name}': {r.find.strip().splitlines()[0]!r} not found; update the rule")
+        at = head.rfind(r.find)
+        text = text[:at] + r.replace + text[at + len(r.find) :]
+    return text
+
+
+def flashinfer_sinks_sm12x(overlay: Overlay, folder: Path) -> Outcome:
+    """Upstream's SM12x sink path, backported: XQA decode takes the sinks, the sink wrapper prefills."""
+    if not overlay.exists(FI_BACKEND):
+        return Outcome("not-applicable", f"no {FI_BACKEND} in this layout")
+    before = overlay.read(FI_BACKEND)
+    if SINKS_MARKER in before:
+        return Outcome("upstream", f"{FI_BACKEND} already has the SM12x sink path")
+    regions = tuple(Region(name, *parts) for name, parts in _sink_regions((folder / SINKS_HELPER).read_text(encoding="utf-8")))
+    try:
+        after = apply_regions(before, regions)
+    except RuleConflict as exc:
+        return Outcome("conflict", f"{FI_BACKEND}: {exc}")
+    names = ", ".join(r.name for r in regions)
+    return Outcome("applies", f"{FI_BACKEND}: {names}", (Edit(FI_BACKEND, before, after),))
+
+
+SINKS_HELPER = "sm12x_sinks.py"
+_RUN = """                    prefill_wrapper.run(
+                        prefill_query,
+                        kv_cache_permute,
+                        k_scale=layer._k_scale_float,
+                        v_scale=layer._v_scale_float,
+                        out=output[num_decode_tokens:],
+                    )
+"""
+_HND = """                # This path needs to be enabled with VLLM_KV_CACHE_LAYOUT = HND
+                assert get_kv_cache_layout() == "HND"
+"""
+_DECODE_END = """                    q_len_per_req=q_len_per_req,
+                )
+"""
+
+
+def _sink_regions(helper: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    tag = f"# {SINKS_MARKER}"
+    return (
+        ("import", ("from flashinfer import (\n", "from flashinfer import (\n    BatchAttentionWithAttentionSinkWrapper,\n")),
+        ("helper", ("logger = init_logger(__name__)\n", "logger = init_logger(__name__)\n\n\n" + helper.rstrip("\n") + "\n\n")),
+        (
+            "supports_sink",
+            (
+                "        return supports_trtllm_attention()\n",
+                f"        {tag}: XQA decode and the sink prefill wrapper serve SM12x.\n"
+                "        return supports_trtllm_attention() or sparkbuild_sm12x_sinks()\n",
+            ),
+        ),
+        (
+            "builder",
+            (
+                "        if self.has_sinks and not can_use_trtllm:\n",
+                f"        {tag}: on SM12x, decode through FlashInfer's XQA kernel and\n"
+                "        # prefill through BatchAttentionWithAttentionSinkWrapper (bf16/fp16 KV only).\n"
+                "        self.sinks_on_sm12x = (\n"
+                "            self.has_sinks\n"
+                "            and not can_use_trtllm\n"
+                "            and sparkbuild_sm12x_sinks()\n"
+                "            and self.num_qo_heads % self.num_kv_heads == 0\n"
+                '            and not self.cache_dtype.startswith("fp8")\n'
+                "        )\n"
+                "        if self.sinks_on_sm12x:\n"
+                "            self.use_trtllm_decode_attention = True\n"
+                "        if self.has_sinks and not can_use_trtllm and not self.sinks_on_sm12x:\n",
+            ),
+        ),
+        (
+            "build",
+            (
+                "            if self.has_sinks:\n",
+                f"            {tag}: the sink wrapper prefills; decodes must be XQA.\n"
+                "            if self.has_sinks and not (self.sinks_on_sm12x and decode_use_trtllm):\n",
+            ),
+        ),
+        (
+            "prefill wrapper",
+            (
+                "                self._prefill_wrapper = BatchPrefillWithPagedKVCacheWrapper(\n"
+                "                    self._get_workspace_buffer(), get_kv_cache_layout()\n"
+                "                )\n",
+                f"                if self.sinks_on_sm12x:  {tag}\n"
+                "                    self._prefill_wrapper = BatchAttentionWithAttentionSinkWrapper(\n"
+                "                        self._get_workspace_buffer(),\n"
+                "                        get_kv_cache_layout(),\n"
+                '                        backend="fa2",\n'
+                "                        q_data_type=self.q_data_type,\n"
+                "                        kv_data_type=self.kv_cache_dtype,\n"
+                "                        head_dim_qk=self.head_dim,\n"
+                "                        head_dim_vo=self.head_dim,\n"
+                "                        window_left=self.window_left,\n"
+                "                    )\n"
+                "                else:\n"
+                "                    self._prefill_wrapper = BatchPrefillWithPagedKVCacheWrapper(\n"
+                "                        self._get_workspace_buffer(), get_kv_cache_layout()\n"
+                "                    )\n",
+            ),
+        ),
+        (
+            "prefill run",
+            (
+                _RUN,
+                "                    if isinstance(prefill_wrapper, BatchAttentionWithAttentionSinkWrapper):\n"
+                f"                        {tag}: the AttentionSink variant takes the\n"
+                "                        # sinks and its softmax scale as extra arguments.\n"
+                "                        prefill_wrapper.run(\n"
+                "                            prefill_query,\n"
+                "                            kv_cache_permute,\n"
+                "                            self.sinks,\n"
+                "                            self.scale * layer._k_scale_float,\n"
+                "                            v_scale=layer._v_scale_float,\n"
+                "                            out=output[num_decode_tokens:],\n"
+                "                        )\n"
+                "                    else:\n" + textwrap.indent(_RUN, "    "),
+            ),
+        ),
+        (
+            "decode layout",
+            (
+                _HND,
+                f"                {tag}: XQA reads the cache in the layout given below.\n"
+                '                assert get_kv_cache_layout() == "HND" or sparkbuild_sm12x_sinks()\n',
+                _DECODE_END,
+            ),
+        ),
+        (
+            "decode call",
+            (
+                _DECODE_END,
+                _DECODE_END.replace(
+                    "\n                )", "\n                    kv_layout=get_kv_cache_layout(),\n                )"
+                ),
+            ),
+        ),
+    )
+
+
 RULES: dict[str, Rule] = {
     "cmake-arch-sm121": cmake_arch_sm121,
     "e2m1-software": e2m1_software,
     "mxfp4-cutlass-sm12x": mxfp4_cutlass_sm12x,
+    "flashinfer-sinks-sm12x": flashinfer_sinks_sm12x,
 }

@@ -13,13 +13,18 @@ from tests.patches.conftest import PATCHES, VERSIONS, TreeFactory
 
 # What each patch does to each version. A new patch or version needs a row here: the test below
 # fails until the table covers every patch folder.
-EXPECTED: dict[str, dict[str, patch.Status]] = {
-    "0.11.0": {"cmake-arch-sm121": "applies", "e2m1-software": "applies", "mxfp4-cutlass-sm12x": "not-applicable"},
-    "0.12.0": {"cmake-arch-sm121": "applies", "e2m1-software": "applies", "mxfp4-cutlass-sm12x": "not-applicable"},
-    "0.16.0": {"cmake-arch-sm121": "applies", "e2m1-software": "applies", "mxfp4-cutlass-sm12x": "not-applicable"},
-    "0.19.0": {"cmake-arch-sm121": "upstream", "e2m1-software": "applies", "mxfp4-cutlass-sm12x": "not-applicable"},
+# Per patch, its status on each of VERSIONS (0.11.0, 0.12.0, 0.16.0, 0.19.0, 0.33.0).
+BY_PATCH: dict[str, tuple[patch.Status, ...]] = {
     # flashkda.cmake still lacks 12.1a on the CUDA 12.9 branch in 0.33.0.
-    "0.33.0": {"cmake-arch-sm121": "applies", "e2m1-software": "applies", "mxfp4-cutlass-sm12x": "applies"},
+    "cmake-arch-sm121": ("applies", "applies", "applies", "upstream", "applies"),
+    "e2m1-software": ("applies", "applies", "applies", "applies", "applies"),
+    # 0.11.0's FlashInfer (0.3.1) has no sink wrapper; 0.33.0 serves sinks on SM12x itself.
+    "flashinfer-sinks-sm12x": ("not-applicable", "applies", "applies", "applies", "upstream"),
+    # vLLM's CUTLASS MXFP4 MoE is not in 0.11-0.19.
+    "mxfp4-cutlass-sm12x": ("not-applicable", "not-applicable", "not-applicable", "not-applicable", "applies"),
+}
+EXPECTED: dict[str, dict[str, patch.Status]] = {
+    version: {name: row[i] for name, row in BY_PATCH.items()} for i, version in enumerate(VERSIONS)
 }
 
 
