@@ -179,47 +179,61 @@ def _add_after(items: list[str], anchor: str, new: str) -> list[str]:
     return [*items[: i + 1], new, *items[i + 1 :]]
 
 
+Change = tuple[int, int, str, str]  # start, end, new text, note
+
+
 def _arch_edits(text: str, top_level: bool) -> tuple[str, list[str]]:
     """Return the new text and a note per change, applying edits from the end so offsets hold."""
-    changes: list[tuple[int, int, str, str]] = []
+    changes: list[Change] = []
     for c in cmake_commands(text):
+        if c.name in ("if", "elseif") and "MATCHES" in c.args:
+            changes += _quoted_edits(c, _widen_match, f"MATCHES 12.0a -> 12.[01][af] (line {c.line})")
+            continue
         if c.name not in _ARCH_COMMANDS:
             continue
         var = _list_var(c)
+        family_branch = c.cuda_min is not None and c.cuda_min >= FAMILY_CUDA
         if c.name == "set" and var == "CUDA_SUPPORTED_ARCHS":
-            if not top_level or (c.cuda_min is not None and c.cuda_min >= FAMILY_CUDA):
-                continue
-            for q in _QUOTED.finditer(c.args):
-                items = q.group(1).split(";")
-                if "12.0" in items and "12.1" not in items:
-                    new = ";".join(_add_after(items, "12.0", "12.1"))
-                    bound = f"CUDA >= {c.cuda_min}" if c.cuda_min else "CUDA branch"
-                    changes.append(
-                        (c.start + q.start(1), c.start + q.end(1), new, f"CUDA_SUPPORTED_ARCHS +12.1 ({bound}, line {c.line})")
-                    )
+            if top_level and not family_branch:
+                bound = f"CUDA >= {c.cuda_min}" if c.cuda_min else "CUDA branch"
+                changes += _quoted_edits(c, _beside("12.0", "12.1"), f"CUDA_SUPPORTED_ARCHS +12.1 ({bound}, line {c.line})")
             continue
         all_items = [i for q in _QUOTED.finditer(c.args) for i in q.group(1).split(";")]
         if "12.0a" not in all_items or "12.1a" in all_items:
             continue
-        if c.cuda_min is not None and c.cuda_min >= FAMILY_CUDA:
+        if family_branch:
             # CUDA >= 13 leaves 12.1 out of the supported list, so 12.1a would be dropped here: the
             # family target is what serves sm_121 (as upstream's lists do from 0.19 on).
-            for q in _QUOTED.finditer(c.args):
-                items = q.group(1).split(";")
-                if "12.0a" in items:
-                    new = ";".join("12.0f" if i == "12.0a" else i for i in items)
-                    note = f"{var} 12.0a -> 12.0f (CUDA >= 13, line {c.line})"
-                    changes.append((c.start + q.start(1), c.start + q.end(1), new, note))
-            continue
-        for q in _QUOTED.finditer(c.args):
-            items = q.group(1).split(";")
-            if "12.0a" in items:
-                new = ";".join(_add_after(items, "12.0a", "12.1a"))
-                changes.append((c.start + q.start(1), c.start + q.end(1), new, f"{var} +12.1a (line {c.line})"))
-    changes += _match_edits(text)
+            changes += _quoted_edits(c, _to_family, f"{var} 12.0a -> 12.0f (CUDA >= 13, line {c.line})")
+        else:
+            changes += _quoted_edits(c, _beside("12.0a", "12.1a"), f"{var} +12.1a (line {c.line})")
     for start, end, new, _ in sorted(changes, reverse=True):
         text = text[:start] + new + text[end:]
     return text, [note for *_, note in changes]
+
+
+def _quoted_edits(c: Command, edit: Callable[[str], str], note: str) -> list[Change]:
+    """One change per quoted argument of ``c`` that ``edit`` alters."""
+    changes = []
+    for q in _QUOTED.finditer(c.args):
+        new = edit(q.group(1))
+        if new != q.group(1):
+            changes.append((c.start + q.start(1), c.start + q.end(1), new, note))
+    return changes
+
+
+def _beside(anchor: str, new: str) -> Callable[[str], str]:
+    """Put ``new`` right after ``anchor`` in a ;-list that has the one and not the other."""
+
+    def edit(quoted: str) -> str:
+        items = quoted.split(";")
+        return ";".join(_add_after(items, anchor, new)) if anchor in items and new not in items else quoted
+
+    return edit
+
+
+def _to_family(quoted: str) -> str:
+    return ";".join("12.0f" if i == "12.0a" else i for i in quoted.split(";"))
 
 
 # A branch that picks code by `if(X MATCHES "12\\.0a")` must also see the 12.1a and 12.0f the lists now
@@ -228,16 +242,8 @@ _MATCH_120A = "12\\\\.0a"
 _MATCH_12XA = "12\\\\.[01][af]"
 
 
-def _match_edits(text: str) -> list[tuple[int, int, str, str]]:
-    changes = []
-    for c in cmake_commands(text):
-        if c.name not in ("if", "elseif") or "MATCHES" not in c.args:
-            continue
-        for q in _QUOTED.finditer(c.args):
-            if _MATCH_120A in q.group(1):
-                new = q.group(1).replace(_MATCH_120A, _MATCH_12XA)
-                changes.append((c.start + q.start(1), c.start + q.end(1), new, f"MATCHES 12.0a -> 12.[01][af] (line {c.line})"))
-    return changes
+def _widen_match(quoted: str) -> str:
+    return quoted.replace(_MATCH_120A, _MATCH_12XA)
 
 
 def cmake_arch_sm121(overlay: Overlay, folder: Path) -> Outcome:
@@ -578,7 +584,7 @@ def flashinfer_sinks_sm12x(overlay: Overlay, folder: Path) -> Outcome:
     before = overlay.read(FI_BACKEND)
     if SINKS_MARKER in before:
         return Outcome("upstream", f"{FI_BACKEND} already has the SM12x sink path")
-    regions = tuple(Region(name, *parts) for name, parts in _sink_regions((folder / SINKS_HELPER).read_text(encoding="utf-8")))
+    regions = _sink_regions((folder / SINKS_HELPER).read_text(encoding="utf-8"))
     try:
         after = apply_regions(before, regions)
     except RuleConflict as exc:
@@ -588,6 +594,10 @@ def flashinfer_sinks_sm12x(overlay: Overlay, folder: Path) -> Outcome:
 
 
 SINKS_HELPER = "sm12x_sinks.py"
+_PLAIN_PREFILL = """                self._prefill_wrapper = BatchPrefillWithPagedKVCacheWrapper(
+                    self._get_workspace_buffer(), get_kv_cache_layout()
+                )
+"""
 _RUN = """                    prefill_wrapper.run(
                         prefill_query,
                         kv_cache_permute,
@@ -604,102 +614,85 @@ _DECODE_END = """                    q_len_per_req=q_len_per_req,
 """
 
 
-def _sink_regions(helper: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+def _sink_regions(helper: str) -> tuple[Region, ...]:
     tag = f"# {SINKS_MARKER}"
     return (
-        ("import", ("from flashinfer import (\n", "from flashinfer import (\n    BatchAttentionWithAttentionSinkWrapper,\n")),
-        ("helper", ("logger = init_logger(__name__)\n", "logger = init_logger(__name__)\n\n\n" + helper.rstrip("\n") + "\n\n")),
-        (
+        Region("import", "from flashinfer import (\n", "from flashinfer import (\n    BatchAttentionWithAttentionSinkWrapper,\n"),
+        Region(
+            "helper", "logger = init_logger(__name__)\n", "logger = init_logger(__name__)\n\n\n" + helper.rstrip("\n") + "\n\n"
+        ),
+        Region(
             "supports_sink",
-            (
-                "        return supports_trtllm_attention()\n",
-                f"        {tag}: XQA decode and the sink prefill wrapper serve SM12x.\n"
-                "        return supports_trtllm_attention() or sparkbuild_sm12x_sinks()\n",
-            ),
+            "        return supports_trtllm_attention()\n",
+            f"        {tag}: XQA decode and the sink prefill wrapper serve SM12x.\n"
+            "        return supports_trtllm_attention() or sparkbuild_sm12x_sinks()\n",
         ),
-        (
+        Region(
             "builder",
-            (
-                "        if self.has_sinks and not can_use_trtllm:\n",
-                f"        {tag}: on SM12x, decode through FlashInfer's XQA kernel and\n"
-                "        # prefill through BatchAttentionWithAttentionSinkWrapper (bf16/fp16 KV only).\n"
-                "        self.sinks_on_sm12x = (\n"
-                "            self.has_sinks\n"
-                "            and not can_use_trtllm\n"
-                "            and sparkbuild_sm12x_sinks()\n"
-                "            and self.num_qo_heads % self.num_kv_heads == 0\n"
-                '            and not self.cache_dtype.startswith("fp8")\n'
-                "        )\n"
-                "        if self.sinks_on_sm12x:\n"
-                "            self.use_trtllm_decode_attention = True\n"
-                "        if self.has_sinks and not can_use_trtllm and not self.sinks_on_sm12x:\n",
-            ),
+            "        if self.has_sinks and not can_use_trtllm:\n",
+            f"        {tag}: on SM12x, decode through FlashInfer's XQA kernel and\n"
+            "        # prefill through BatchAttentionWithAttentionSinkWrapper (bf16/fp16 KV only).\n"
+            "        self.sinks_on_sm12x = (\n"
+            "            self.has_sinks\n"
+            "            and not can_use_trtllm\n"
+            "            and sparkbuild_sm12x_sinks()\n"
+            "            and self.num_qo_heads % self.num_kv_heads == 0\n"
+            '            and not self.cache_dtype.startswith("fp8")\n'
+            "        )\n"
+            "        if self.sinks_on_sm12x:\n"
+            "            self.use_trtllm_decode_attention = True\n"
+            "        if self.has_sinks and not can_use_trtllm and not self.sinks_on_sm12x:\n",
         ),
-        (
+        Region(
             "build",
-            (
-                "            if self.has_sinks:\n",
-                f"            {tag}: the sink wrapper prefills; decodes must be XQA.\n"
-                "            if self.has_sinks and not (self.sinks_on_sm12x and decode_use_trtllm):\n",
-            ),
+            "            if self.has_sinks:\n",
+            f"            {tag}: the sink wrapper prefills; decodes must be XQA.\n"
+            "            if self.has_sinks and not (self.sinks_on_sm12x and decode_use_trtllm):\n",
         ),
-        (
+        Region(
             "prefill wrapper",
-            (
-                "                self._prefill_wrapper = BatchPrefillWithPagedKVCacheWrapper(\n"
-                "                    self._get_workspace_buffer(), get_kv_cache_layout()\n"
-                "                )\n",
-                f"                if self.sinks_on_sm12x:  {tag}\n"
-                "                    self._prefill_wrapper = BatchAttentionWithAttentionSinkWrapper(\n"
-                "                        self._get_workspace_buffer(),\n"
-                "                        get_kv_cache_layout(),\n"
-                '                        backend="fa2",\n'
-                "                        q_data_type=self.q_data_type,\n"
-                "                        kv_data_type=self.kv_cache_dtype,\n"
-                "                        head_dim_qk=self.head_dim,\n"
-                "                        head_dim_vo=self.head_dim,\n"
-                "                        window_left=self.window_left,\n"
-                "                    )\n"
-                "                else:\n"
-                "                    self._prefill_wrapper = BatchPrefillWithPagedKVCacheWrapper(\n"
-                "                        self._get_workspace_buffer(), get_kv_cache_layout()\n"
-                "                    )\n",
-            ),
+            _PLAIN_PREFILL,
+            f"                if self.sinks_on_sm12x:  {tag}\n"
+            "                    self._prefill_wrapper = BatchAttentionWithAttentionSinkWrapper(\n"
+            "                        self._get_workspace_buffer(),\n"
+            "                        get_kv_cache_layout(),\n"
+            '                        backend="fa2",\n'
+            "                        q_data_type=self.q_data_type,\n"
+            "                        kv_data_type=self.kv_cache_dtype,\n"
+            "                        head_dim_qk=self.head_dim,\n"
+            "                        head_dim_vo=self.head_dim,\n"
+            "                        window_left=self.window_left,\n"
+            "                    )\n"
+            "                else:\n" + textwrap.indent(_PLAIN_PREFILL, "    "),
         ),
-        (
+        Region(
             "prefill run",
-            (
-                _RUN,
-                "                    if isinstance(prefill_wrapper, BatchAttentionWithAttentionSinkWrapper):\n"
-                f"                        {tag}: the AttentionSink variant takes the\n"
-                "                        # sinks and its softmax scale as extra arguments.\n"
-                "                        prefill_wrapper.run(\n"
-                "                            prefill_query,\n"
-                "                            kv_cache_permute,\n"
-                "                            self.sinks,\n"
-                "                            self.scale * layer._k_scale_float,\n"
-                "                            v_scale=layer._v_scale_float,\n"
-                "                            out=output[num_decode_tokens:],\n"
-                "                        )\n"
-                "                    else:\n" + textwrap.indent(_RUN, "    "),
-            ),
+            _RUN,
+            "                    if isinstance(prefill_wrapper, BatchAttentionWithAttentionSinkWrapper):\n"
+            f"                        {tag}: the AttentionSink variant takes the\n"
+            "                        # sinks and its softmax scale as extra arguments.\n"
+            "                        prefill_wrapper.run(\n"
+            "                            prefill_query,\n"
+            "                            kv_cache_permute,\n"
+            "                            self.sinks,\n"
+            "                            self.scale * layer._k_scale_float,\n"
+            "                            v_scale=layer._v_scale_float,\n"
+            "                            out=output[num_decode_tokens:],\n"
+            "                        )\n"
+            "                    else:\n" + textwrap.indent(_RUN, "    "),
         ),
-        (
+        Region(
             "decode layout",
-            (
-                _HND,
-                f"                {tag}: XQA reads the cache in the layout given below.\n"
-                '                assert get_kv_cache_layout() == "HND" or sparkbuild_sm12x_sinks()\n',
-                _DECODE_END,
-            ),
+            _HND,
+            f"                {tag}: XQA reads the cache in the layout given below.\n"
+            '                assert get_kv_cache_layout() == "HND" or sparkbuild_sm12x_sinks()\n',
+            _DECODE_END,
         ),
-        (
+        Region(
             "decode call",
-            (
-                _DECODE_END,
-                _DECODE_END.replace(
-                    "\n                )", "\n                    kv_layout=get_kv_cache_layout(),\n                )"
-                ),
+            _DECODE_END,
+            _DECODE_END.replace(
+                "\n                )", "\n                    kv_layout=get_kv_cache_layout(),\n                )"
             ),
         ),
     )

@@ -14,6 +14,8 @@ import shutil
 import tarfile
 import tempfile
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -154,9 +156,7 @@ def wheel_tree(project: str, filename: str, cache: Path, only: str = "") -> Path
     if link is None:
         raise SourceError(f"PyPI has no {filename} for {project}; check the name on {simple_index()}{project}/")
     archive = fetch(link, cache / "downloads")
-    tree.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=tree.parent, prefix=".unpack-"))
-    try:
+    with _staged(tree) as staging:
         with zipfile.ZipFile(archive) as wheel:
             members = [name for name in wheel.namelist() if name.startswith(only)]
             if not members:
@@ -164,11 +164,6 @@ def wheel_tree(project: str, filename: str, cache: Path, only: str = "") -> Path
             # zipfile drops absolute and '..' parts of member names, so nothing lands outside staging.
             wheel.extractall(staging, members)  # noqa: S202
         (staging / stamp.name).write_text(f"{filename} {only}\n", encoding="utf-8")
-        if tree.exists():
-            shutil.rmtree(tree)
-        staging.rename(tree)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     archive.unlink()
     return tree
 
@@ -188,18 +183,24 @@ def _sha256(path: Path) -> str:
 
 
 def _unpack(archive: Path, tree: Path, top: str) -> None:
-    """Unpack into a temporary folder next to ``tree`` and rename, so a half-unpacked tree never exists."""
+    with _staged(tree, top) as staging:
+        with tarfile.open(archive) as tar:
+            tar.extractall(staging, filter="data")
+        if not (staging / top / "CMakeLists.txt").is_file():
+            raise SourceError(f"{archive}: no {top}/CMakeLists.txt inside; not a vLLM source archive")
+
+
+@contextmanager
+def _staged(tree: Path, top: str = "") -> Iterator[Path]:
+    """A temporary folder next to ``tree`` whose ``top`` subfolder (default: itself) becomes ``tree``
+    when the block succeeds, so a half-unpacked tree never exists; on failure ``tree`` is left as is."""
     tree.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=tree.parent, prefix=".unpack-"))
     try:
-        with tarfile.open(archive) as tar:
-            tar.extractall(staging, filter="data")
-        root = staging / top
-        if not (root / "CMakeLists.txt").is_file():
-            raise SourceError(f"{archive}: no {top}/CMakeLists.txt inside; not a vLLM source archive")
+        yield staging
         if tree.exists():
             shutil.rmtree(tree)
-        root.rename(tree)
+        (staging / top).rename(tree)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
