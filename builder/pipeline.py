@@ -191,11 +191,11 @@ def nightly(opts: Options, *, table_to_stderr: bool = False) -> list[TargetRun]:
     """
     start = time.monotonic()
     with log.step("Planning"):
-        plans = plan.make(opts)
+        m = plan.load_matrix(opts)
+        plans = plan.plan_lane(m, opts)
     runs = [TargetRun(p) for p in plans]
-    patches_dir = plan.load_matrix(opts).patches_dir
     with open_registry(opts) as registry, tempfile.TemporaryDirectory(prefix="sparkbuild-") as work:
-        ctx = Context(opts, registry, Path(work), patches_dir)
+        ctx = Context(opts, registry, Path(work), m.patches_dir)
         for i, run in enumerate(runs, 1):
             with log.step(f"[{i}/{len(runs)}] {run.plan.id}"):
                 run_target(ctx, run)

@@ -157,13 +157,22 @@ def load_matrix(opts: Options) -> matrix.Matrix:
 
 def make(opts: Options, lane: str = "nightly") -> tuple[TargetPlan, ...]:
     """Load the matrix and plan every selected target of ``lane``."""
-    m = load_matrix(opts)
-    in_lane = tuple(t for t in m.targets if t.lane == lane)
-    if not in_lane:
-        raise ConfigError(f"{opts.matrix}: no target has lane: {lane}")
-    plans = tuple(plan_target(t, m.patches_dir, opts) for t in select(in_lane, opts.only, opts.profile))
+    return plan_lane(load_matrix(opts), opts, lane)
+
+
+def plan_lane(m: matrix.Matrix, opts: Options, lane: str = "nightly") -> tuple[TargetPlan, ...]:
+    """Plan every selected target of ``lane`` in a loaded matrix."""
+    plans = tuple(plan_target(t, m.patches_dir, opts) for t in lane_targets(m, opts, lane))
     _check_tag_clash(plans)
     return plans
+
+
+def lane_targets(m: matrix.Matrix, opts: Options, lane: str) -> tuple[Target, ...]:
+    """The targets of ``lane`` that ``--only`` and ``--profile`` select."""
+    in_lane = tuple(t for t in m.targets if t.lane == lane)
+    if not in_lane:
+        raise ConfigError(f"{opts.matrix}: no target has lane: {lane}; add one (see the README's lanes)")
+    return select(in_lane, opts.only, opts.profile)
 
 
 def plan_target(target: Target, patches_dir: Path, opts: Options) -> TargetPlan:

@@ -125,10 +125,7 @@ def rc(opts: Options, *, dry_run: bool = False, table_to_stderr: bool = False) -
     verify and publish it. Raises LaneFailed when a target fails (a conflict included)."""
     start = time.monotonic()
     m = plan.load_matrix(opts)
-    in_lane = tuple(t for t in m.targets if t.lane == "rc")
-    if not in_lane:
-        raise ConfigError(f"{opts.matrix}: no target has 'lane: rc'; add one (see the README's rc lane)")
-    targets = plan.select(in_lane, opts.only, opts.profile)
+    targets = plan.lane_targets(m, opts, "rc")
     repos = sorted({t.vllm.repo or m.upstreams["vllm"] for t in targets})
     if len(repos) != 1:
         raise ConfigError(f"{opts.matrix}: rc targets name different vLLM repositories ({', '.join(repos)}); use one")
