@@ -2,8 +2,10 @@
 
 ``cuobjdump -lelf -lptx`` lists the cubins (SASS) and PTX in a file. A cubin runs on the asked
 arch when it is for the same major and a minor not above it, except that an arch-specific cubin
-(``sm_120a``) runs only on exactly that arch. PTX is JIT-compiled by the driver under the same
-rule. cuobjdump prints a family cubin (``sm_120f``) as ``sm_120``: both run on every 12.x.
+(``sm_120a``) runs only on exactly that arch. cuobjdump prints a family cubin (``sm_120f``) as
+``sm_120``: both run on every 12.x. PTX is JIT-compiled by the driver for the device it meets:
+plain PTX runs on any later arch, a newer major included (``compute_80`` runs on sm_121), family
+PTX within its major, arch-specific PTX only on its own arch.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ class Code:
     name: str
 
     def runs_on(self, device: Arch) -> bool:
+        if self.kind == "ptx" and self.arch.suffix == "" and (self.arch.major, self.arch.minor) <= (device.major, device.minor):
+            return True  # plain PTX: the driver JIT-compiles it for any later GPU
         if self.arch.major != device.major or self.arch.minor > device.minor:
             return False
         return self.arch.suffix != "a" or self.arch.minor == device.minor

@@ -35,6 +35,7 @@ def objects(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "-gencode",
             "arch=compute_120a,code=sm_120a",
         ],
+        "libhopper.so": ["-shared", "-Xcompiler", "-fPIC", "-gencode", "arch=compute_90a,code=sm_90a"],
         "libold.so": ["-shared", "-Xcompiler", "-fPIC", "-gencode", "arch=compute_90,code=[sm_90,compute_90]"],
     }
     for name, flags in builds.items():
@@ -45,16 +46,19 @@ def objects(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def test_code_that_runs_on_sm121_passes(objects: dict[str, Path]) -> None:
     device = binaries.Arch.parse("12.1a")
-    for name in ("sm_121a.o", "sm_120f.o", "compute_120.o", "libboth.so"):
+    for name in ("sm_121a.o", "sm_120f.o", "compute_120.o", "libboth.so", "libold.so"):
         report = binaries.check_file(objects[name], device)
         assert report.ok, (name, report)
+    # Plain PTX of an older major is JIT-compiled for sm_121 by the driver; its sm_90 cubin is not used.
+    old = binaries.check_file(objects["libold.so"], device)
+    assert [c.label() for c in old.codes if c.runs_on(device)] == ["compute_90"]
     assert binaries.check_file(objects["libhost.so"], device).ok is None  # no device code: not a failure
 
 
 def test_an_arch_specific_sm120a_cubin_does_not_run_on_sm121(objects: dict[str, Path]) -> None:
     device = binaries.Arch.parse("12.1a")
     assert binaries.check_file(objects["sm_120a.o"], device).ok is False
-    assert binaries.check_file(objects["libold.so"], device).ok is False  # Hopper code: another major
+    assert binaries.check_file(objects["libhopper.so"], device).ok is False  # Hopper cubin only: another major
     both = binaries.check_file(objects["libboth.so"], device)
     assert {c.label() for c in both.foreign} == {"sm_120a"}  # reported beside the code that does run
 
@@ -69,14 +73,14 @@ def test_the_cli_passes_and_fails_naming_each_bad_file(objects: dict[str, Path])
     assert good.returncode == 0, good.stderr
     assert "ok" in good.stdout and "sm_121a" in good.stdout and "no device code" in good.stdout
     bad = subprocess.run(
-        [BIN / "sparkbuild", "check-binary", "--json", objects["sm_121a.o"], objects["sm_120a.o"], objects["libold.so"]],
+        [BIN / "sparkbuild", "check-binary", "--json", objects["sm_121a.o"], objects["sm_120a.o"], objects["libhopper.so"]],
         capture_output=True,
         text=True,
         check=False,
     )
     assert bad.returncode == 11
     error = bad.stderr.splitlines()[-1]
-    assert str(objects["sm_120a.o"]) in error and str(objects["libold.so"]) in error
+    assert str(objects["sm_120a.o"]) in error and str(objects["libhopper.so"]) in error
     assert str(objects["sm_121a.o"]) not in error
     rows = {Path(r["path"]).name: r for r in json.loads(bad.stdout)}
     assert rows["sm_120a.o"]["codes"] == ["sm_120a"] and rows["sm_120a.o"]["ok"] is False
