@@ -9,10 +9,16 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import io
 import os
 import re
+import shutil
+import socket
 import subprocess
-from collections.abc import Sequence
+import tarfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,6 +179,27 @@ class Mirror:
         v = _version(tag)
         return None if v is None else str(v)
 
+    def extract(self, commit: str, paths: Sequence[str], dest: Path) -> Path:
+        """The files under ``paths`` at ``commit`` (``git archive``), unpacked into ``dest``; paths the
+        commit lacks are skipped."""
+        self.ensure(commit)
+        present = [p for p in paths if self._has_path(commit, p)]
+        dest.mkdir(parents=True, exist_ok=True)
+        if not present:
+            return dest
+        args = ["git", "archive", "--format=tar", commit, "--", *present]
+        log.info(cmd.show(args))
+        done = subprocess.run(args, cwd=self.path, capture_output=True, check=False)
+        if done.returncode != 0:
+            raise SourceError(f"`git archive {commit} {' '.join(present)}` in {self.path} failed: {done.stderr.decode().strip()}")
+        with tarfile.open(fileobj=io.BytesIO(done.stdout)) as tar:
+            tar.extractall(dest, filter="data")
+        return dest
+
+    def _has_path(self, commit: str, path: str) -> bool:
+        done = subprocess.run(["git", "cat-file", "-e", f"{commit}:{path}"], cwd=self.path, capture_output=True, check=False)
+        return done.returncode == 0
+
     def checkout(self, commit: str, dest: Path) -> Path:
         """The tree of ``commit`` at ``dest``: a worktree of the mirror. Moving an existing one to
         another commit rewrites only the files that differ, so bisect steps take milliseconds."""
@@ -185,3 +212,72 @@ class Mirror:
             dest.parent.mkdir(parents=True, exist_ok=True)
             _git(["worktree", "add", "--quiet", "--detach", "--force", str(dest), commit], cwd=self.path)
         return dest
+
+
+# --- local repositories, served on loopback --------------------------------------------------------
+
+# Fixed authorship and dates: the same tree always gives the same commit, so stages built from a
+# local repository are reused from one run to the next.
+FIXED_IDENTITY = {
+    "GIT_AUTHOR_NAME": "sparkbuild",
+    "GIT_AUTHOR_EMAIL": "sparkbuild@localhost.invalid",
+    "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z",
+    "GIT_COMMITTER_NAME": "sparkbuild",
+    "GIT_COMMITTER_EMAIL": "sparkbuild@localhost.invalid",
+    "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z",
+}
+
+
+def commit_tree(tree: Path, repo: Path, message: str, tag: str | None = None) -> str:
+    """A bare repository at ``repo`` whose one commit holds ``tree`` (tagged ``tag``); returns the commit.
+
+    Deterministic: the same files give the same commit on every machine.
+    """
+    if repo.is_dir() and (repo / "HEAD").is_file():
+        existing = _git(["rev-parse", "--verify", "--quiet", "HEAD^{commit}"], cwd=repo)
+        if existing and _git(["log", "-1", "--format=%s", "HEAD"], cwd=repo) == message:
+            return existing
+        shutil.rmtree(repo)
+    repo.parent.mkdir(parents=True, exist_ok=True)
+    _git(["init", "--quiet", "--bare", str(repo)])
+    # The tree's own .gitignore applies, as in the upstream repository; sparkbuild's stamp stays out.
+    (repo / "info").mkdir(exist_ok=True)
+    (repo / "info" / "exclude").write_text(".sparkbuild-unpacked\n", encoding="utf-8")
+    env = {**os.environ, **_ENV, **FIXED_IDENTITY, "GIT_DIR": str(repo), "GIT_WORK_TREE": str(tree)}
+    for args in (["add", "--all"], ["commit", "--quiet", "-m", message]):
+        log.info(cmd.show(["git", *args]))
+        done = subprocess.run(["git", *args], env=env, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise SourceError(f"`git {' '.join(args)}` of {tree} into {repo} failed: {done.stderr.strip()}")
+    commit = _git(["rev-parse", "HEAD"], cwd=repo)
+    if tag:
+        _git(["tag", tag, commit], cwd=repo)
+    return commit
+
+
+@contextmanager
+def daemon(root: Path) -> Iterator[str]:
+    """Serve every repository under ``root`` over the git protocol on 127.0.0.1; yields ``git://HOST:PORT``.
+
+    Loopback only, read only, and stopped on the way out whatever happens.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    args = ["git", "daemon", "--export-all", "--reuseaddr", f"--base-path={root}", "--listen=127.0.0.1", f"--port={port}"]
+    args.append(str(root))
+    log.info(cmd.show(args))
+    proc = subprocess.Popen(args, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if proc.poll() is not None:
+                raise SourceError(f"git daemon exited (code {proc.returncode}) before it listened on 127.0.0.1:{port}")
+            time.sleep(0.1)
+        yield f"git://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait()

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import ConfigError
+from builder.externals import External, ScanError
 
 LOCK_FORMAT = 1
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -28,9 +29,21 @@ class Lock:
     images: dict[str, str] = field(default_factory=dict)
     resolved_at: str = ""
     file: Path | None = None
+    # "<vLLM repository>@<commit>" -> the external projects its CMake files clone, pinned
+    externals: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def commit(self, repo: str, ref: str) -> str | None:
         return self.git.get(repo, {}).get(ref)
+
+    def externals_of(self, repo: str, commit: str) -> tuple[External, ...] | None:
+        """The pinned external projects of one vLLM commit; None when resolve has not read them."""
+        found = self.externals.get(externals_key(repo, commit))
+        if found is None:
+            return None
+        try:
+            return tuple(External.from_json(e) for e in found)
+        except ScanError as exc:
+            raise ConfigError(f"{self.file}: externals: {exc}; run `sparkbuild resolve`") from None
 
     def digest(self, image: str) -> str | None:
         return self.images.get(image)
@@ -41,10 +54,15 @@ class Lock:
             "resolved_at": self.resolved_at,
             "git": {repo: dict(sorted(refs.items())) for repo, refs in sorted(self.git.items())},
             "images": dict(sorted(self.images.items())),
+            "externals": dict(sorted(self.externals.items())),
         }
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(self.to_json(), indent=2) + "\n", encoding="utf-8")
+
+
+def externals_key(repo: str, commit: str) -> str:
+    return f"{repo}@{commit}"
 
 
 def default_path(matrix_file: Path) -> Path:
@@ -70,4 +88,7 @@ def read(path: Path) -> Lock:
     for image, digest in images.items():
         if not _DIGEST.match(str(digest)):
             raise ConfigError(f"{path}: images.{image}: '{digest}' is not a sha256 digest; run `sparkbuild resolve`")
-    return Lock(git=gits, images=images, resolved_at=str(data.get("resolved_at", "")), file=path)
+    found_externals = data.get("externals", {})
+    if not isinstance(found_externals, dict) or not all(isinstance(v, list) for v in found_externals.values()):
+        raise ConfigError(f"{path}: externals: expected a mapping of lists; run `sparkbuild resolve`")
+    return Lock(git=gits, images=images, resolved_at=str(data.get("resolved_at", "")), file=path, externals=found_externals)

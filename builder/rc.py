@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder import gitrepo, log, matrix, patch, pipeline, plan
+from builder import gitrepo, log, matrix, patch, pipeline, plan, resolve
 from builder.errors import ConfigError
+from builder.externals import External
 from builder.matrix import GitSource, Target
 from builder.options import Options
 from builder.pipeline import Context, TargetRun
@@ -58,9 +59,10 @@ def newest_candidate(refs: gitrepo.RemoteRefs) -> Candidate | None:
     return Candidate(repo=refs.url, tag=tag, commit=refs.tags[tag], release=newest[1] if newest else None)
 
 
-def for_candidate(target: Target, candidate: Candidate) -> Target:
+def for_candidate(target: Target, candidate: Candidate, found: tuple[External, ...] | None = None) -> Target:
     """The rc target built from ``candidate`` (see ``matrix.at_commit`` for what each profile does)."""
-    return matrix.at_commit(target, GitSource(repo=candidate.repo, ref=candidate.tag, commit=candidate.commit), candidate.version)
+    source = GitSource(repo=candidate.repo, ref=candidate.tag, commit=candidate.commit)
+    return matrix.at_commit(target, source, candidate.version, found)
 
 
 # --- what was done ---------------------------------------------------------------------------
@@ -135,7 +137,11 @@ def rc(opts: Options, *, dry_run: bool = False, table_to_stderr: bool = False) -
         print(f"no release candidate newer than the newest release in {repos[0]}; nothing to do", flush=True)
         return LaneResult(None, [], dry_run)
     log.info(f"candidate: {candidate.tag} ({candidate.commit}), newer than {candidate.release or 'any release'}")
-    plans = [plan.plan_target(for_candidate(t, candidate), m.patches_dir, opts) for t in targets]
+    found = None
+    if any(t.profile == "spark" for t in targets) and not dry_run:
+        with log.step(f"External projects of vLLM {candidate.tag}"):
+            found = resolve.externals_at(opts, candidate.repo, candidate.commit, {})
+    plans = [plan.plan_target(for_candidate(t, candidate, found), m.patches_dir, opts) for t in targets]
     runs = [TargetRun(p) for p in plans]
     path = state_file(opts)
     state = _load_state(path)

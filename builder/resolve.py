@@ -8,13 +8,17 @@ fallback to a branch. The result is the lock file that plan, build and the lanes
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+import re
+import tempfile
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from builder import gitrepo, lock, log, matrix, plan, registry
+from builder import externals, gitrepo, lock, log, matrix, plan, registry
 from builder.errors import ConfigError, PublishError
 from builder.options import Options
+
+_SHA = re.compile(r"^[0-9a-f]{40}$")
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,8 @@ class Pin:
     def change(self) -> str:
         if self.how == "matrix":
             return "pinned in the matrix"
+        if self.how == "cmake":
+            return "pinned by vLLM's CMake file"
         if self.previous is None:
             return "new"
         return "same" if self.previous == self.value else f"moved from {self.previous[:12]}"
@@ -75,11 +81,14 @@ def resolve(opts: Options) -> Result:
     path = opts.lock or lock.default_path(opts.matrix)
     previous = lock.read(path) if path.is_file() else lock.Lock()
     m = matrix.load(opts.matrix)  # without the old lock: every ref is asked again
-    pins = [*_pin_git(opts, m.targets, previous), *_pin_images(m, previous)]
+    git_pins = _pin_git(opts, m.targets, previous)
+    found, external_pins = _pin_externals(opts, m.targets, git_pins, previous)
+    pins = [*git_pins, *external_pins, *_pin_images(m, previous)]
     new = lock.Lock(
         git=_nested((p.source, p.ref, p.value) for p in pins if p.how in ("ls-remote", "mirror")),
         images={p.source: p.value for p in pins if p.how == "registry"},
         resolved_at=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        externals=found,
     )
     new.write(path)
     log.info(f"wrote {path}: {len(new.git)} repositories, {len(new.images)} images")
@@ -114,6 +123,63 @@ def _pin_git(opts: Options, targets: tuple[matrix.Target, ...], previous: lock.L
         commit = gitrepo.resolve_ref(refs, ref, what, gitrepo.Mirror(opts.cache, repo))
         pins.append(Pin(f"{component} {ref}", repo, ref, commit, how, users, previous.commit(repo, ref)))
     return pins
+
+
+# --- the external projects vLLM's CMake clones --------------------------------------------------------
+
+CMAKE_PATHS = (externals.FOLDER, "CMakeLists.txt")
+
+
+def externals_at(opts: Options, repo: str, commit: str, remotes: dict[str, gitrepo.RemoteRefs]) -> tuple[externals.External, ...]:
+    """The external projects vLLM ``commit`` declares, each pinned: a full SHA in its CMake file
+    pins itself; a tag or branch is asked of its repository (``ls-remote``), never guessed."""
+    mirror = gitrepo.Mirror(opts.cache, repo)
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = mirror.extract(commit, CMAKE_PATHS, Path(tmp))
+        try:
+            declared = externals.scan(tree)
+        except externals.ScanError as exc:
+            raise ConfigError(f"vLLM {commit[:12]}: {exc}") from None
+    pinned = []
+    for e in declared:
+        if e.env is None:
+            raise ConfigError(
+                f"vLLM {commit[:12]}: {e.file} clones {e.repo} with no *_SRC_DIR variable to hand it a local tree; "
+                "the compile would need GitHub. Report it upstream, or add a patch that adds the variable"
+            )
+        if _SHA.match(e.ref):
+            pinned.append(replace(e, commit=e.ref))
+            continue
+        if e.repo not in remotes:
+            remotes[e.repo] = gitrepo.ls_remote(e.repo)
+        pinned.append(replace(e, commit=gitrepo.resolve_ref(remotes[e.repo], e.ref, f"{e.file} of vLLM {commit[:12]}")))
+    return tuple(pinned)
+
+
+def _pin_externals(
+    opts: Options, targets: tuple[matrix.Target, ...], git_pins: list[Pin], previous: lock.Lock
+) -> tuple[dict[str, list[dict[str, Any]]], list[Pin]]:
+    vllm = {(p.source, p.ref): p.value for p in git_pins if p.name.startswith("vllm ")}
+    found: dict[str, list[dict[str, Any]]] = {}
+    pins: list[Pin] = []
+    remotes: dict[str, gitrepo.RemoteRefs] = {}
+    for t in targets:
+        if t.profile != "spark" or t.vllm.kind not in ("version", "ref"):
+            continue
+        git = t.vllm.git()
+        commit = vllm[(git.repo, git.ref)]
+        key = lock.externals_key(git.repo, commit)
+        if key in found:
+            continue
+        with log.step(f"External projects of vLLM {git.ref} ({commit[:12]})"):
+            pinned = externals_at(opts, git.repo, commit, remotes)
+        found[key] = [e.to_json() for e in pinned]
+        before = {e.name: e.commit for e in previous.externals_of(git.repo, commit) or ()}
+        for e in pinned:
+            assert e.commit is not None
+            how = "cmake" if e.commit == e.ref else "ls-remote"
+            pins.append(Pin(f"{e.name} {e.ref}", e.repo, e.ref, e.commit, how, (t.id,), before.get(e.name)))
+    return found, pins
 
 
 def _pin_images(m: matrix.Matrix, previous: lock.Lock) -> list[Pin]:
