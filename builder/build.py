@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from builder import base_image, binaries, log
+from builder import base_image, binaries, log, preflight, render
 from builder.engine import Engine
 from builder.errors import ConfigError
 from builder.options import Options
@@ -42,6 +42,8 @@ class StageOutcome:
 class BuildResult:
     image: str
     stages: tuple[StageOutcome, ...]
+    # The preflight of the vLLM stage, where this build compiled it (a Spark target).
+    preflight: preflight.Report | None = None
 
     def summary(self) -> str:
         return ", ".join(f"{s.name} {s.action}" for s in self.stages)
@@ -75,22 +77,42 @@ def write_contexts(plan: TargetPlan, folder: Path) -> list[Path]:
     return [write_context(plan, s, folder / f"{i:02d}-{s.name}") for i, s in enumerate(plan.stages, 1)]
 
 
-def build(engine: Engine, plan: TargetPlan, opts: Options, registry: Registry | None = None) -> BuildResult:
-    """Build the target's stages into the engine; returns its image reference and what each stage did."""
+def require_resolved(plan: TargetPlan) -> None:
     if plan.unresolved:
         raise ConfigError(
             f"{plan.target.where}: {', '.join(plan.unresolved)} not pinned to a commit or digest; "
             "run `sparkbuild resolve` (it writes the lock file the build reads), or add 'commit:' in the matrix "
             "(`git ls-remote REPO REF` prints it)"
         )
+
+
+def ensure_bases(engine: Engine, plan: TargetPlan, opts: Options) -> None:
     for base in dict.fromkeys(bases(plan.target).values()):
         base_image.ensure(engine, base, plan.target.platform, opts.cache / "rootfs")
+
+
+def build(
+    engine: Engine, plan: TargetPlan, opts: Options, registry: Registry | None = None, *, check_first: bool = True
+) -> BuildResult:
+    """Build the target's stages into the engine; returns its image reference and what each stage did.
+
+    A Spark target's vLLM stage is preflighted before its compile (``check_first``; a lane runs the
+    preflight as a stage of its own and passes False).
+    """
+    require_resolved(plan)
+    ensure_bases(engine, plan, opts)
     if plan.jobs is not None:
-        log.info(f"build jobs: MAX_JOBS={plan.jobs.max_jobs} NVCC_THREADS={plan.jobs.nvcc_threads} ({plan.jobs.why})")
+        log.info(f"build jobs: {plan.jobs.text()}")
+    report = None
+    if check_first and (stage := preflighted_stage(plan)) is not None and not _present(engine, registry, stage):
+        report = run_preflight(engine, plan, opts)
     outcomes = [ensure_stage(engine, registry, plan, stage, opts) for stage in plan.stages]
     if plan.target.profile == "spark":
-        check_binaries(engine, local_ref(plan), plan.target.arch_list, opts.out / plan.id)
-    result = BuildResult(image=local_ref(plan), stages=tuple(outcomes))
+        if plan.target.compile == "rehearse":
+            log.info(f"{plan.id}: rehearsal: no compiled extensions in the image; preflight checked the patched units")
+        else:
+            check_binaries(engine, local_ref(plan), plan.target.arch_list, opts.out / plan.id)
+    result = BuildResult(image=local_ref(plan), stages=tuple(outcomes), preflight=report)
     out = opts.out / plan.id
     out.mkdir(parents=True, exist_ok=True)
     (out / "stages.json").write_text(json.dumps([s.to_json() for s in outcomes], indent=2) + "\n")
@@ -111,7 +133,7 @@ def ensure_stage(engine: Engine, registry: Registry | None, plan: TargetPlan, st
         engine.tag(f"{registry.host}/{stage.ref}", STAGE_REPOSITORY, _tag(stage))
         action = "pulled"
     else:
-        _build_stage(engine, plan, stage, opts)
+        _build_stage(engine, plan, stage, opts, registry)
     if not stage.final and registry is not None and not in_registry:
         # Built here, or made by an earlier run without a registry: share it with other runners.
         engine.tag(stage.ref, f"{registry.host}/{STAGE_REPOSITORY}", _tag(stage))
@@ -123,11 +145,69 @@ def _tag(stage: StagePlan) -> str:
     return stage.ref.rsplit(":", 1)[1]
 
 
-def _build_stage(engine: Engine, plan: TargetPlan, stage: StagePlan, opts: Options) -> None:
+def _present(engine: Engine, registry: Registry | None, stage: StagePlan) -> bool:
+    """Built already: in the engine, or in the registry for another runner's build."""
+    if engine.image_exists(stage.ref):
+        return True
+    return registry is not None and registry.digest(STAGE_REPOSITORY, _tag(stage)) is not None
+
+
+# --- preflight: the vLLM stage's configure and patched units, before its compile -----------------
+
+PREFLIGHT_TARGET = "preflight-report"
+
+
+def preflighted_stage(plan: TargetPlan) -> StagePlan | None:
+    """The stage whose Dockerfile has a preflight target (the Spark vLLM stage); None elsewhere."""
+    return next((s for s in plan.stages if f" AS {PREFLIGHT_TARGET}" in s.rendered.dockerfile), None)
+
+
+def run_preflight(engine: Engine, plan: TargetPlan, opts: Options) -> preflight.Report:
+    """Build the vLLM stage up to its preflight target, export what it found, audit it; raise on a failure."""
+    stage = preflighted_stage(plan)
+    if stage is None:
+        raise ConfigError(f"{plan.id}: no stage of profile '{plan.target.profile}' has a {PREFLIGHT_TARGET} target")
+    require_resolved(plan)
+    ensure_bases(engine, plan, opts)
+    folder = opts.out / plan.id / "preflight"
+    shutil.rmtree(folder, ignore_errors=True)
     context = write_context(plan, stage, opts.cache / "contexts" / plan.id / stage.name)
+    with log.step(f"Preflight of {plan.id}: vLLM's configure for {plan.target.arch_list}, patched units compiled"):
+        engine.build(
+            context=context,
+            tag=f"{stage.ref}-preflight",
+            platform=plan.target.platform,
+            labels={},
+            build_args=plan.build_args(),
+            secrets=_secrets(opts),
+            log_file=opts.out / plan.id / "build-preflight.log",
+            target=PREFLIGHT_TARGET,
+            output=folder,
+        )
+    report = preflight.read(folder, plan.id, plan.target.arch_list)
+    preflight.save(report, folder)
+    report.require()
+    return report
+
+
+def _secrets(opts: Options) -> dict[str, Path]:
     secrets = {"pip-ca": opts.ca_bundle} if opts.ca_bundle and opts.ca_bundle.is_file() else {}
     if not secrets:
         log.info(f"no CA bundle at {opts.ca_bundle}: pip in the build uses the image's own certificates")
+    return secrets
+
+
+def stage_args(plan: TargetPlan, stage: StagePlan, registry: Registry | None) -> dict[str, str]:
+    """Earlier stages by their registry-qualified name, so any BuildKit builder can pull them
+    (the Dockerfile's defaults are the local names, which only the docker driver's store holds)."""
+    if registry is None:
+        return {}
+    refs = {s.name: s.ref for s in plan.stages}
+    return {render.stage_arg(n): f"{registry.host}/{refs[n]}" for n in stage.rendered.needs}
+
+
+def _build_stage(engine: Engine, plan: TargetPlan, stage: StagePlan, opts: Options, registry: Registry | None = None) -> None:
+    context = write_context(plan, stage, opts.cache / "contexts" / plan.id / stage.name)
     labels = plan.labels if stage.final else {"io.sparkbuild.stage": stage.name, "io.sparkbuild.content-hash": stage.content_hash}
     with log.step(f"Building stage {stage.name} of {plan.id}: {stage.ref}"):
         engine.build(
@@ -135,8 +215,8 @@ def _build_stage(engine: Engine, plan: TargetPlan, stage: StagePlan, opts: Optio
             tag=stage.ref,
             platform=plan.target.platform,
             labels=labels,
-            build_args=plan.build_args(),
-            secrets=secrets,
+            build_args={**plan.build_args(), **stage_args(plan, stage, registry)},
+            secrets=_secrets(opts),
             log_file=opts.out / plan.id / f"build-{stage.name}.log",
         )
 

@@ -14,7 +14,23 @@ from typing import Any, TypeVar
 
 import click
 
-from builder import __version__, binaries, bisect, build, log, model, patch, pipeline, plan, publish, rc, resolve, sources, verify
+from builder import (
+    __version__,
+    binaries,
+    bisect,
+    build,
+    log,
+    model,
+    patch,
+    pipeline,
+    plan,
+    publish,
+    rc,
+    rehearse,
+    resolve,
+    sources,
+    verify,
+)
 from builder.errors import ConfigError, FatalError, PatchError, VerifyError
 from builder.options import Options
 
@@ -65,7 +81,7 @@ def plan_cmd(as_json: bool, **kwargs: Any) -> None:
         click.echo(f"  base:    {p.base_ref}")
         click.echo(f"  patches: {', '.join(p.target.patches) or 'none'}")
         if p.jobs is not None:
-            click.echo(f"  jobs:    MAX_JOBS={p.jobs.max_jobs} NVCC_THREADS={p.jobs.nvcc_threads}  ({p.jobs.why})")
+            click.echo(f"  jobs:    {p.jobs.text()}")
         if p.target.serve.command():
             click.echo(f"  serve:   {shlex.join(p.target.serve.command())}")
         for s in p.stages:
@@ -130,6 +146,31 @@ def resolve_cmd(matrix: Path | None, lock: Path | None, as_json: bool) -> None:
         emit_json({"lock": str(result.path), "pins": [p.to_json() for p in result.pins]})
     else:
         click.echo(resolve.table(result))
+
+
+@cli.command("rehearse")
+@click.option("--matrix", type=click.Path(path_type=Path), help="Matrix file (default: matrix.yaml).")
+@click.option("--only", multiple=True, metavar="GLOB", help="Only targets whose id matches (repeatable).")
+@click.option("--lock", type=click.Path(path_type=Path), help="Lock file (default: <matrix>.lock.json).")
+@click.option(
+    "--offline", is_flag=True, help="Sources from PyPI sdists and marked stand-ins on a local git daemon (no GitHub needed)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print every rehearsal as JSON.")
+def rehearse_cmd(matrix: Path | None, only: tuple[str, ...], lock: Path | None, offline: bool, as_json: bool) -> None:
+    """Build every stage of Spark targets here for real, swapping only vLLM's kernel compile for preflight."""
+    opts = make_options(matrix=matrix, only=only, lock=lock)
+    results = rehearse.rehearse(opts, offline_sources=offline)
+    text = rehearse.table(results)
+    log.step_summary(f"## sparkbuild rehearse\n\n```\n{text}\n```")
+    opts.out.mkdir(parents=True, exist_ok=True)
+    (opts.out / "rehearse.json").write_text(json.dumps([r.to_json() for r in results], indent=2) + "\n")
+    if as_json:
+        emit_json([r.to_json() for r in results])
+    else:
+        click.echo(text)
+    failed = [r.target for r in results if r.error]
+    if failed:
+        raise pipeline.LaneFailed(f"rehearse: {len(failed)} of {len(results)} target(s) failed: {', '.join(failed)}")
 
 
 @cli.command("model")

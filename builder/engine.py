@@ -150,11 +150,17 @@ class Engine:
         secrets: Mapping[str, Path],
         log_file: Path,
         target: str | None = None,
+        output: Path | None = None,
     ) -> str:
-        """Build ``context/Dockerfile`` with BuildKit; returns the image id. Output goes to the log too."""
-        args: list[str] = [*self.cli.prefix, "--progress", "plain", "--network", "host", "--platform", platform, "--tag", tag]
-        if self.cli.prefix[-2:] == ("buildx", "build"):
-            args.append("--load")
+        """Build ``context/Dockerfile`` with BuildKit; returns the image id (``tag``), or with ``output``
+        writes the target's files there instead of making an image. Output goes to the log too."""
+        args: list[str] = [*self.cli.prefix, "--progress", "plain", "--network", "host", "--platform", platform]
+        if output is not None:
+            args += ["--output", f"type=local,dest={output}"]
+        else:
+            args += ["--tag", tag]
+            if self.cli.prefix[-2:] == ("buildx", "build"):
+                args.append("--load")
         if target is not None:
             args += ["--target", target]
         for key, value in sorted(labels.items()):
@@ -183,7 +189,7 @@ class Engine:
             code = proc.wait()
         if code != 0:
             raise BuildError(f"build of {tag} failed (exit {code}); last lines:\n{''.join(tail)}full log: {log_file}")
-        return str(self.inspect(tag)["Id"])
+        return str(output) if output is not None else str(self.inspect(tag)["Id"])
 
     def tag(self, source: str, repository: str, tag: str) -> None:
         log.info(f"+ docker tag {source} {repository}:{tag}  (SDK)")

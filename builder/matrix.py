@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from builder import lock, validate, yamlsrc
+from builder.externals import External
 from builder.yamlsrc import DocPath, Located
 
 PROFILES = ("local", "spark")
@@ -129,12 +130,35 @@ class Debootstrap:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CudaWheels:
+    """A CUDA toolkit laid out from NVIDIA's PyPI wheels on a base made here: no Docker Hub needed.
+
+    ``toolkit`` is a version of PyPI's ``cuda-toolkit`` meta package, which pins every component;
+    ``components`` are its extras (``nvcc``, ``cublas``, ...), by default the flavor's list.
+    """
+
+    on: Base
+    toolkit: str
+    flavor: Literal["devel", "runtime"]
+    components: tuple[str, ...]
+
+    @property
+    def cuda(self) -> str:
+        """``13.0`` for toolkit ``13.0.3.0``."""
+        return ".".join(self.toolkit.split(".")[:2])
+
+
+@dataclass(frozen=True, kw_only=True)
 class Base:
-    """A base image: ``image`` (pinned by digest, here or by the lock) or made here (``debootstrap``)."""
+    """A base image: ``image`` (pinned by digest, here or by the lock), or made here: ``debootstrap``,
+    or ``cuda_wheels`` (a CUDA toolkit from PyPI laid on a debootstrap base)."""
 
     name: str
     image: str | None
     debootstrap: Debootstrap | None
+    cuda_wheels: CudaWheels | None = None
+    # The version of the image's python3 (what an aarch64 wheel closure is resolved for).
+    python: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,11 +191,29 @@ class Target:
     where: str
     # The release candidate the rc lane builds (its tag and commit); None elsewhere.
     candidate: GitSource | None = None
+    # The kernel sources vLLM's CMake would clone, pinned (None: resolve has not read them yet).
+    externals: tuple[External, ...] | None = None
+    # "full": the image; "rehearse": everything but vLLM's kernel compile (`sparkbuild rehearse`).
+    compile: Literal["full", "rehearse"] = "full"
+    # Rehearsal only: requirements installed without vLLM's version bound (matrix `rehearsal: relax:`).
+    relax: tuple[str, ...] = ()
 
     @property
     def version(self) -> str:
         """The vLLM version this image is for: the candidate's in the rc lane."""
         return self.candidate.version if self.candidate else self.vllm.version
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rehearsal:
+    """How ``sparkbuild rehearse`` builds a Spark target here: on which platform, and which base
+    made here stands in for each base image (CUDA images from Docker Hub or nvcr.io)."""
+
+    platform: str | None
+    bases: dict[str, Base]
+    # Requirements whose version bound the rehearsal drops, where this machine's package index
+    # lacks the version a vLLM release asks for; printed in every rehearsal report.
+    relax: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,6 +223,7 @@ class Matrix:
     targets: tuple[Target, ...]
     upstreams: dict[str, str]
     bases: dict[str, Base]
+    rehearsal: Rehearsal = Rehearsal(platform=None, bases={})
 
     @property
     def unpinned_images(self) -> tuple[str, ...]:
@@ -307,7 +350,7 @@ TARGET_KEYS: dict[str, validate.Validator] = {
 }
 REQUIRED_KEYS = ("profile", "vllm", "torch", "base", "check")
 ENTRY_ONLY_KEYS = ("matrix", "include", "exclude")
-TOP_KEYS = ("defaults", "checks", "bases", "targets", "patches_dir", "upstreams")
+TOP_KEYS = ("defaults", "checks", "bases", "targets", "patches_dir", "upstreams", "rehearsal")
 
 # A value together with where it came from, so errors point at the layer that set it.
 Sourced = tuple[Any, Located, DocPath]
@@ -327,7 +370,7 @@ def load(file: Path, pins: lock.Lock | None = None) -> Matrix:
     top = validate.mapping(doc, (), doc.data, TOP_KEYS)
     patches_dir = (file.parent / validate.text(doc, ("patches_dir",), top.get("patches_dir", "patches"))).resolve()
     checks = _checks(doc, defaults_doc, top.get("checks", {}))
-    bases = {name: _pin_base(b, pins) for name, b in _bases(doc, top.get("bases", {})).items()}
+    bases = {name: _pin_base(b, pins) for name, b in _bases(doc, defaults_doc, top.get("bases", {})).items()}
     upstreams = _upstreams(doc, defaults_doc, top.get("upstreams", {}))
     layers = [_layer(defaults_doc, ("target",), defaults_doc.data["target"])]
     if "defaults" in top:
@@ -351,7 +394,42 @@ def load(file: Path, pins: lock.Lock | None = None) -> Matrix:
                 )
             seen[target.id] = target
             targets.append(target)
-    return Matrix(file=file, patches_dir=patches_dir, targets=tuple(targets), upstreams=upstreams, bases=bases)
+    return Matrix(
+        file=file,
+        patches_dir=patches_dir,
+        targets=tuple(targets),
+        upstreams=upstreams,
+        bases=bases,
+        rehearsal=_rehearsal(doc, top.get("rehearsal"), bases),
+    )
+
+
+def _rehearsal(doc: Located, value: Any, bases: dict[str, Base]) -> Rehearsal:
+    if value is None:
+        return Rehearsal(platform=None, bases={})
+    path: DocPath = ("rehearsal",)
+    spec = validate.mapping(doc, path, value, ("platform", "bases", "relax"))
+    platform = validate.choice(PLATFORMS)(doc, (*path, "platform"), spec["platform"]) if "platform" in spec else None
+    swaps: dict[str, Base] = {}
+    made = {n: b for n, b in bases.items() if b.image is None}
+    given = spec.get("bases", {})
+    for name, other in validate.mapping(doc, (*path, "bases"), given, validate.any_key(given)).items():
+        where = (*path, "bases", name)
+        if name not in bases:
+            raise doc.fail(where, f"'{name}' is not a base of this matrix.{validate.suggest(name, bases)}")
+        text = validate.text(doc, where, other)
+        if text not in made:
+            raise doc.fail(where, f"'{text}' is not a base made here (debootstrap or cuda_wheels).{validate.suggest(text, made)}")
+        swaps[name] = made[text]
+    relax = validate.list_of(_requirement_name)(doc, (*path, "relax"), spec.get("relax", []))
+    return Rehearsal(platform=platform, bases=swaps, relax=relax)
+
+
+def _requirement_name(doc: Located, path: DocPath, value: Any) -> str:
+    text = validate.text(doc, path, value)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", text):
+        raise doc.fail(path, f"'{text}' is not a distribution name (a bare name like certifi, no version)")
+    return text
 
 
 def _upstreams(doc: Located, defaults_doc: Located, value: Any) -> dict[str, str]:
@@ -374,16 +452,21 @@ def _pin_git(source: GitSource | None, pins: lock.Lock) -> GitSource | None:
 
 
 def _pin(target: Target, pins: lock.Lock) -> Target:
-    """Commits from the lock for refs the matrix does not pin itself."""
+    """Commits from the lock for refs the matrix does not pin itself, and the external projects
+    of the pinned vLLM commit."""
     vllm = target.vllm
     if vllm.kind in ("version", "ref") and vllm.commit is None:
         vllm = replace(vllm, commit=pins.commit(vllm.git().repo, vllm.git().ref))
+    found = None
+    if target.profile == "spark" and vllm.kind in ("version", "ref") and vllm.commit is not None:
+        found = pins.externals_of(vllm.git().repo, vllm.commit)
     return replace(
         target,
         vllm=vllm,
         triton=_pin_git(target.triton, pins),
         flashinfer=_pin_git(target.flashinfer, pins),
         cutlass=_pin_git(target.cutlass, pins),
+        externals=found,
     )
 
 
@@ -575,20 +658,71 @@ def _prompt(doc: Located, path: DocPath, value: dict[str, Any]) -> Prompt:
     )
 
 
-def _bases(doc: Located, value: Any) -> dict[str, Base]:
+BASE_KINDS = ("image", "debootstrap", "cuda_wheels")
+CUDA_WHEELS_KEYS = ("on", "toolkit", "flavor", "components")
+_PYTHON_RE = re.compile(r"^3\.\d{1,2}$")
+
+
+def _bases(doc: Located, defaults_doc: Located, value: Any) -> dict[str, Base]:
+    """Every base by name; ``cuda_wheels`` bases are read last, as they name a debootstrap base."""
+    specs = validate.mapping(doc, ("bases",), value, validate.any_key(value))
     result: dict[str, Base] = {}
-    for name, spec in validate.mapping(doc, ("bases",), value, validate.any_key(value)).items():
+    for name, spec in sorted(specs.items(), key=lambda item: isinstance(item[1], dict) and "cuda_wheels" in item[1]):
         path: DocPath = ("bases", name)
-        spec = validate.mapping(doc, path, spec, ("image", "debootstrap"))
-        if ("image" in spec) == ("debootstrap" in spec):
-            raise doc.fail(path, "give exactly one of 'image' (pinned by digest) or 'debootstrap'")
+        spec = validate.mapping(doc, path, spec, (*BASE_KINDS, "python"))
+        kinds = [k for k in BASE_KINDS if k in spec]
+        if len(kinds) != 1:
+            raise doc.fail(path, "give exactly one of 'image' (pinned by digest), 'debootstrap' or 'cuda_wheels'")
         image = validate.opt_text(doc, (*path, "image"), spec.get("image"))
         if image is not None and "@" in image and not re.search(r"@sha256:[0-9a-f]{64}$", image):
             raise doc.fail((*path, "image"), f"'{image}': a digest is '@sha256:' and 64 hex digits")
-        result[name] = Base(
-            name=name, image=image, debootstrap=_debootstrap(doc, (*path, "debootstrap"), spec.get("debootstrap"))
-        )
+        deb = _debootstrap(doc, (*path, "debootstrap"), spec.get("debootstrap"))
+        cuda = _cuda_wheels(doc, defaults_doc, (*path, "cuda_wheels"), spec.get("cuda_wheels"), result)
+        python = _python(doc, defaults_doc, path, spec.get("python"), deb, cuda)
+        result[name] = Base(name=name, image=image, debootstrap=deb, cuda_wheels=cuda, python=python)
     return result
+
+
+def _python(
+    doc: Located, defaults_doc: Located, path: DocPath, value: Any, deb: Debootstrap | None, cuda: CudaWheels | None
+) -> str | None:
+    """The base's python3 version: given, inherited from the base a toolkit lies on, or known per Debian suite."""
+    if value is not None:
+        text = validate.text(doc, (*path, "python"), value)
+        if not _PYTHON_RE.match(text):
+            raise doc.fail((*path, "python"), f"'{text}' is not a Python version like \"3.12\"")
+        return text
+    if cuda is not None:
+        return cuda.on.python
+    if deb is not None:
+        known: dict[str, str] = defaults_doc.data["debian_python"]
+        return known.get(deb.suite)
+    return None
+
+
+def _cuda_wheels(doc: Located, defaults_doc: Located, path: DocPath, value: Any, made: dict[str, Base]) -> CudaWheels | None:
+    if value is None:
+        return None
+    spec = validate.mapping(doc, path, value, CUDA_WHEELS_KEYS)
+    on = validate.text(doc, (*path, "on"), validate.require(doc, path, spec, "on"))
+    base = made.get(on)
+    if base is None or base.debootstrap is None:
+        debootstrapped = [n for n, b in made.items() if b.debootstrap is not None]
+        raise doc.fail(
+            (*path, "on"),
+            f"'{on}' is not a debootstrap base of this matrix.{validate.suggest(on, debootstrapped)} "
+            f"Debootstrap bases: {', '.join(debootstrapped) or 'none'}",
+        )
+    toolkit = validate.text(doc, (*path, "toolkit"), validate.require(doc, path, spec, "toolkit"))
+    if not re.fullmatch(r"\d+\.\d+\.\d+(\.\d+)?", toolkit):
+        raise doc.fail((*path, "toolkit"), f"'{toolkit}' is not a version of PyPI's cuda-toolkit (for example \"13.0.3.0\")")
+    flavor = validate.choice(("devel", "runtime"))(doc, (*path, "flavor"), validate.require(doc, path, spec, "flavor"))
+    texts = validate.list_of(validate.text)
+    if "components" in spec:
+        components = texts(doc, (*path, "components"), spec["components"])
+    else:
+        components = texts(defaults_doc, ("cuda_wheels", flavor), defaults_doc.data["cuda_wheels"][flavor])
+    return CudaWheels(on=base, toolkit=toolkit, flavor=flavor, components=components)
 
 
 def _debootstrap(doc: Located, path: DocPath, value: Any) -> Debootstrap | None:
@@ -603,8 +737,9 @@ def _debootstrap(doc: Located, path: DocPath, value: Any) -> Debootstrap | None:
     )
 
 
-def at_commit(target: Target, source: GitSource, version: str) -> Target:
-    """``target`` built from vLLM ``source`` (a release candidate, a commit being bisected).
+def at_commit(target: Target, source: GitSource, version: str, found: tuple[External, ...] | None = None) -> Target:
+    """``target`` built from vLLM ``source`` (a release candidate, a commit being bisected), with
+    the external projects ``found`` in that commit's CMake files.
 
     The Spark profile compiles that source. The local profile cannot: it serves its CPU wheel and
     carries the commit in its inputs and labels, so the lanes still run end to end on any machine.
@@ -614,4 +749,5 @@ def at_commit(target: Target, source: GitSource, version: str) -> Target:
         kind: Literal["version", "ref"] = "version" if source.ref == f"v{version}" else "ref"
         spec = version if kind == "version" else source.ref
         vllm = VllmSource(kind=kind, spec=spec, repo=source.repo, version=version, commit=source.commit)
-    return replace(target, vllm=vllm, candidate=replace(source, as_version=version))
+    spark = target.profile == "spark"
+    return replace(target, vllm=vllm, candidate=replace(source, as_version=version), externals=found if spark else None)

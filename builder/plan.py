@@ -20,7 +20,7 @@ from typing import Any
 from builder import __version__, base_image, lock, matrix, patch, render, toolchain
 from builder.errors import ConfigError
 from builder.matrix import Target
-from builder.options import Options
+from builder.options import Options, defaults
 
 # Bump when the meaning of the inputs changes, so every tag moves once.
 PLAN_FORMAT = 1
@@ -30,6 +30,8 @@ STEPS = ("base", "build", "verify", "publish")
 STAGE_REPOSITORY = "sparkbuild/stages"
 # The patch engine as it runs inside a source stage: these modules and nothing that needs Docker.
 PATCH_ENGINE = ("__init__", "cmd", "errors", "log", "patch", "patch_rules", "validate", "yamlsrc")
+# sparkbuild modules a stage runs as scripts inside the image.
+IMAGE_SCRIPTS = ("cuda_layout.py", "serve_defaults.py", "vllm_setup.py")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,7 +113,9 @@ class TargetPlan:
             "content_hash": self.content_hash,
             "base": self.base_ref,
             "stages": [s.to_json() for s in self.stages],
-            "build_jobs": None if self.jobs is None else {"max_jobs": self.jobs.max_jobs, "nvcc_threads": self.jobs.nvcc_threads},
+            "build_jobs": None
+            if self.jobs is None
+            else {"max_jobs": self.jobs.max_jobs, "nvcc_threads": self.jobs.nvcc_threads, "compiles": self.jobs.compiles},
             "unresolved": list(self.unresolved),
             "steps": list(self.steps),
             "check": self.target.check.name,
@@ -132,6 +136,9 @@ def unresolved(target: Target) -> tuple[str, ...]:
         return ("vllm release candidate (only `sparkbuild rc` picks it)", *images)
     sources = {"vllm": target.vllm.git(), "flashinfer": target.flashinfer, "triton": target.triton, "cutlass": target.cutlass}
     refs = tuple(f"{name} {src.ref}" for name, src in sources.items() if src is not None and src.commit is None)
+    if target.vllm.commit is not None and target.externals is None:
+        refs += ("vllm's external projects (resolve reads them from its CMake files)",)
+    refs += tuple(f"{e.name} {e.ref}" for e in target.externals or () if e.commit is None)
     return refs + images
 
 
@@ -197,6 +204,9 @@ def plan_target(target: Target, patches_dir: Path, opts: Options) -> TargetPlan:
         "stages": {s.name: s.content_hash for s in stages},
         "serve": list(target.serve.command()),
         "build_args": dict(target.build_args),
+        "externals": None if target.externals is None else [e.to_json() for e in target.externals],
+        "compile": target.compile,
+        "relax": list(target.relax),
     }
     content_hash = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
     content_tag = f"{target.id}-{content_hash[:12]}"
@@ -216,7 +226,9 @@ def plan_target(target: Target, patches_dir: Path, opts: Options) -> TargetPlan:
         content_tag=content_tag,
         tags=tuple(t.format(**fields) for t in target.tags),
         labels=labels(target, base_identity, patches, content_hash),
-        jobs=toolchain.build_jobs(opts.build_memory, opts.build_cores, target.build_jobs) if target.profile == "spark" else None,
+        jobs=toolchain.build_jobs(opts.build_memory, opts.build_cores, target.arch_list, target.build_jobs)
+        if target.profile == "spark"
+        else None,
         source_args=source_args,
         wheel_files=wheels,
     )
@@ -229,7 +241,7 @@ def _git_input(source: matrix.GitSource | None) -> dict[str, Any] | None:
 def template_variables(target: Target) -> dict[str, Any]:
     """What the stage templates see. Everything here is an input of the stage that uses it."""
     refs = {name: base_image.reference(b, target.platform)[0] for name, b in bases(target).items()}
-    spark = target.profile == "spark"
+    spark: dict[str, Any] = defaults()["spark_runtime"]
     return {
         "target": target,
         "base_image": refs["base"],
@@ -239,13 +251,17 @@ def template_variables(target: Target) -> dict[str, Any]:
         "torch": target.torch,
         "vllm_wheel": target.vllm.spec,
         "vllm_version": target.vllm.version,
-        "vllm_git": target.vllm.git() if spark else None,
+        "vllm_git": target.vllm.git() if target.profile == "spark" else None,
         "flashinfer_arch_list": toolchain.flashinfer_arch_list(target.flashinfer.version, target.arch_list)
         if target.flashinfer
         else None,
         "serve_command": target.serve.command(),
         "patches": target.patches,
         "unresolved": "unresolved",
+        "externals": target.externals or (),
+        "compile": target.compile,
+        "jit_components": ",".join(spark["jit_components"]),
+        "runtime_extras": spark["extras"],
     }
 
 
@@ -296,7 +312,15 @@ def resources(target: Target, patches_dir: Path) -> dict[str, render.Files]:
         ]
     package = Path(__file__).resolve().parent
     engine = [(f"sparkbuild/builder/{m}.py", (package / f"{m}.py").read_bytes()) for m in PATCH_ENGINE]
-    return {"patches": tuple(patch_files), "sparkbuild": tuple(engine)}
+    # Standalone scripts of sparkbuild's that run in the image (standard library only).
+    scripts = {name: ((name, (package / name).read_bytes()),) for name in IMAGE_SCRIPTS}
+    serve = json.dumps(list(target.serve.command())).encode()
+    return {
+        "patches": tuple(patch_files),
+        "sparkbuild": tuple(engine),
+        "serve-defaults.json": (("serve-defaults.json", serve),),
+        **scripts,
+    }
 
 
 def labels(target: Target, base_identity: str, patches: dict[str, str], content_hash: str) -> dict[str, str]:
@@ -310,7 +334,9 @@ def labels(target: Target, base_identity: str, patches: dict[str, str], content_
         f"{oci}.version": target.version,
         f"{oci}.revision": target.vllm.spec if target.vllm.kind == "wheel" else (target.vllm.commit or "unresolved"),
         f"{oci}.source": target.vllm.repo or "https://github.com/vllm-project/vllm",
-        f"{oci}.base.name": target.base.image or f"debootstrap:{target.base.name}",
+        # The image is built FROM the runtime base; the compile ran on the build base.
+        f"{oci}.base.name": base_name(target.runtime_base, target.platform),
+        "io.sparkbuild.build-base": base_name(target.base, target.platform),
         "io.sparkbuild.target": target.id,
         "io.sparkbuild.content-hash": content_hash,
         "io.sparkbuild.vllm.version": target.vllm.version,
@@ -325,6 +351,11 @@ def labels(target: Target, base_identity: str, patches: dict[str, str], content_
         "io.sparkbuild.base": base_identity,
         "io.sparkbuild.check": target.check.name,
     }
+
+
+def base_name(base: matrix.Base, platform: str) -> str:
+    """A base as a label shows it: the pinned image, or the made image's content-addressed name."""
+    return base.image or base_image.reference(base, platform)[0]
 
 
 def _check_tag_clash(plans: tuple[TargetPlan, ...]) -> None:
@@ -350,6 +381,8 @@ def torch_source(target: Target, opts: Options) -> tuple[dict[str, str], tuple[P
     configuration (``find-links``) when one holds the wheel, else the configured PyTorch CPU index.
     """
     choice = target.torch_index
+    if choice == "pypi":
+        return {}, ()  # pip's default index: PyPI (where the aarch64 torch >= 2.11 is a CUDA build)
     if target.profile == "spark":
         if choice == "auto":
             assert target.cuda is not None

@@ -5,6 +5,12 @@ order; the last stage is the image, the others are stage images that later stage
 ``{{ stage("name") }}`` (``COPY --from=`` or ``RUN --mount=...,from=``). A stage template that
 renders no ``FROM`` is skipped (for example FlashInfer when the target does not build it).
 
+An earlier stage enters a Dockerfile as ``FROM ${SPARKBUILD_STAGE_<NAME>} AS sparkbuild-stage-<name>``
+with the global ``ARG``'s default set to its content-addressed reference. The docker driver finds that
+in its image store; any other BuildKit builder (docker-container, remote) is given the
+registry-qualified reference as a build argument: the Dockerfile, and so the stage's hash, stays
+the same wherever the stages are shared.
+
 ``{{ file("name") }}`` puts a file of the profile folder, or a resource the plan provides (the
 patch set, the patch engine), into that stage's build context. A stage's digest covers its
 Dockerfile and exactly the files it asked for, so a stage changes only when what it uses does.
@@ -113,7 +119,7 @@ def _render_one(
                 f"{path}: stage('{other}') is not an earlier stage of this target; rendered so far: {', '.join(refs)}"
             )
         needs.append(other)
-        return refs[other]
+        return stage_alias(other)
 
     def file(wanted: str) -> str:
         if wanted in resources:
@@ -133,10 +139,29 @@ def _render_one(
         raise ConfigError(f"{exc.filename or path}:{exc.lineno}: template syntax error: {exc.message}") from None
     if not _FROM_RE.search(text):
         return None
+    needed = tuple(dict.fromkeys(needs))
     return Rendered(
         name=name,
         template=path.name,
-        dockerfile=text,
+        dockerfile=_stage_preamble(needed, refs) + text,
         files=tuple(sorted(files.items())),
-        needs=tuple(dict.fromkeys(needs)),
+        needs=needed,
     )
+
+
+def stage_alias(name: str) -> str:
+    return f"sparkbuild-stage-{name}"
+
+
+def stage_arg(name: str) -> str:
+    """The build argument that names an earlier stage's image (``SPARKBUILD_STAGE_VLLM``)."""
+    return "SPARKBUILD_STAGE_" + name.upper().replace("-", "_")
+
+
+def _stage_preamble(needs: tuple[str, ...], refs: Mapping[str, str]) -> str:
+    if not needs:
+        return ""
+    lines = ["# Earlier stages by content-addressed reference; a build may pass registry-qualified ones."]
+    lines += [f"ARG {stage_arg(n)}={refs[n]}" for n in needs]
+    lines += [f"FROM ${{{stage_arg(n)}}} AS {stage_alias(n)}" for n in needs]
+    return "\n".join(lines) + "\n"

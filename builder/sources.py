@@ -217,3 +217,24 @@ def tree_version(tree: Path) -> str | None:
         if described.returncode == 0:
             return described.stdout.strip().removeprefix("v")
     return None
+
+
+def project_sdist(project: str, version: str, cache: Path, marker: str) -> Path:
+    """The unpacked sdist of any PyPI ``project`` at ``version`` (sha256 from the index), checked to
+    contain ``marker``; downloaded and unpacked once under ``cache/sources``."""
+    stem = f"{re.sub(r'[-_.]+', '_', project).lower()}-{version}"
+    tree = cache / "sources" / stem
+    stamp = tree / ".sparkbuild-unpacked"
+    if stamp.is_file():
+        return tree
+    link = sdist_links(project).get(f"{stem}.tar.gz")
+    if link is None:
+        raise SourceError(f"PyPI has no sdist {stem}.tar.gz of {project}; see {simple_index()}{project}/")
+    archive = fetch(link, cache / "sdists")
+    with _staged(tree, stem) as staging:
+        with tarfile.open(archive) as tar:
+            tar.extractall(staging, filter="data")
+        if not (staging / stem / marker).exists():
+            raise SourceError(f"{archive}: no {stem}/{marker} inside; not the {project} source it should be")
+        (staging / stem / stamp.name).write_text(archive.name + "\n", encoding="utf-8")
+    return tree

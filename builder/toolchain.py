@@ -16,8 +16,8 @@ from builder.errors import ConfigError
 from builder.matrix import BuildJobs
 
 GIB = 1024**3
-# One nvcc thread on vLLM's heaviest kernels (CUTLASS MoE, FlashAttention) peaks at 3-5 GB;
-# sizing for 5 keeps a Spark (128 GB unified) from an out-of-memory kill mid-build.
+# Peak resident memory of one nvcc process compiling one gencode target of vLLM's heaviest units
+# (CUTLASS grouped GEMMs, FlashAttention), with headroom: see GB_PER_COMPILE_MEASURED in the README.
 GB_PER_NVCC_THREAD = 5
 # Memory left to the OS, the engine and the linker.
 RESERVED_GB = 8
@@ -25,29 +25,48 @@ RESERVED_GB = 8
 
 @dataclass(frozen=True, kw_only=True)
 class Jobs:
+    """What the plan gives vLLM's build: ``MAX_JOBS`` and ``NVCC_THREADS`` as vLLM's setup.py reads
+    them (it runs ``MAX_JOBS // NVCC_THREADS`` compiles at once, each with ``NVCC_THREADS`` threads)."""
+
     max_jobs: int
     nvcc_threads: int
+    compiles: int
     why: str
 
     def build_args(self) -> dict[str, str]:
         return {"MAX_JOBS": str(self.max_jobs), "NVCC_THREADS": str(self.nvcc_threads)}
 
+    def text(self) -> str:
+        return f"MAX_JOBS={self.max_jobs} NVCC_THREADS={self.nvcc_threads}: {self.compiles} parallel compiles ({self.why})"
 
-def build_jobs(free_memory: int, cores: int, override: BuildJobs | None = None) -> Jobs:
-    """``MAX_JOBS`` x ``NVCC_THREADS`` nvcc threads, each given about 5 GB of free memory.
 
-    Two nvcc threads per job when memory allows (nvcc compiles the gencode targets of a file in
-    parallel), never more nvcc threads than cores. The matrix may set either value; the other is
-    sized around it.
+def arch_count(arch_list: str) -> int:
+    return len([a for a in re.split(r"[;\s,]+", arch_list.strip()) if a])
+
+
+def build_jobs(free_memory: int, cores: int, arch_list: str = "12.1a", override: BuildJobs | None = None) -> Jobs:
+    """Parallel compiles sized to memory and cores, in vLLM's own terms.
+
+    nvcc's ``--threads`` compiles a unit's gencode targets in parallel, so a single-arch list gains
+    nothing from it: one thread per compile, and every core a compile of its own. Each nvcc thread
+    is given ``GB_PER_NVCC_THREAD`` of free memory. vLLM divides ``MAX_JOBS`` by ``NVCC_THREADS``,
+    so ``MAX_JOBS`` is compiles x threads. The matrix may set either value (``build_jobs:``); vLLM's
+    division then applies to what it set.
     """
     override = override or BuildJobs()
+    threads = override.nvcc_threads or min(arch_count(arch_list), 4)
     slots = max(1, (free_memory // GIB - RESERVED_GB) // GB_PER_NVCC_THREAD)
-    threads = override.nvcc_threads or (2 if slots >= 4 else 1)
-    jobs = override.max_jobs or max(1, min(cores, slots) // threads)
+    if override.max_jobs:
+        max_jobs = override.max_jobs
+        compiles = max(1, max_jobs // threads)
+    else:
+        compiles = max(1, min(cores // threads, slots // threads))
+        max_jobs = compiles * threads
     why = f"{free_memory / GIB:.0f} GiB free, {cores} cores, {GB_PER_NVCC_THREAD} GB per nvcc thread"
+    why += f", {arch_count(arch_list)} arch(s)"
     if override.max_jobs or override.nvcc_threads:
         why += "; set in the matrix (build_jobs)"
-    return Jobs(max_jobs=jobs, nvcc_threads=threads, why=why)
+    return Jobs(max_jobs=max_jobs, nvcc_threads=threads, compiles=compiles, why=why)
 
 
 def host_resources() -> tuple[int, int]:

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
 import pytest
 
-from builder import base_image, matrix
+from builder import base_image, gitrepo, matrix
 from builder.engine import Engine
 from builder.registry import Registry, embedded
 
@@ -96,25 +93,8 @@ def git(*args: str | Path, cwd: Path) -> str:
     return result.stdout.strip()
 
 
-@contextmanager
-def git_daemon(root: Path) -> Iterator[str]:
-    """Serve every repository under ``root`` over the git protocol on 127.0.0.1; yields git://HOST:PORT."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    daemon = subprocess.Popen(
-        ["git", "daemon", "--export-all", "--reuseaddr", f"--base-path={root}", "--listen=127.0.0.1", f"--port={port}", str(root)]
-    )
-    try:
-        for _ in range(50):
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.1)
-        yield f"git://127.0.0.1:{port}"
-    finally:
-        daemon.terminate()
-        daemon.wait()
+# One daemon for the tests and `sparkbuild rehearse --offline`: the package's own.
+git_daemon = gitrepo.daemon
 
 
 def run_sparkbuild(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -1,14 +1,28 @@
-"""Run inside the Spark image at build time: fail the build unless it holds what the plan asked for.
+"""Run inside the Spark image at build time: fail the build unless it holds what the plan asked for
+and what serving needs. Every check runs the real thing (no GPU needed):
 
-torch must be the CUDA build asked for (a CPU wheel swapped in by pip is the classic failure);
-vLLM must report the version asked for and come from the pinned commit.
+- torch is the CUDA build asked for (a CPU wheel swapped in by pip is the classic failure), and vLLM
+  the version asked for, built from the pinned commit;
+- Triton can build its CUDA driver stub (it does so on the first kernel launch): its own build
+  function compiles its own driver.c, with a C compiler and Python's headers;
+- CUDA's compiler and headers for run-time JIT (FlashInfer, DeepGEMM): nvcc of the image's CUDA
+  version compiles a unit that includes the runtime, NVRTC, cuBLAS, cuRAND and CUB headers, and
+  FlashInfer finds that toolkit;
+- torchvision, torchaudio and torchcodec import, matching torch;
+- ray imports and the RDMA user-space libraries NCCL opens for two Sparks load.
 """
 
 import argparse
+import ctypes
+import importlib
 import importlib.metadata
+import inspect
 import json
+import os
 import pathlib
+import subprocess
 import sys
+import tempfile
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--vllm-version", required=True)
@@ -20,31 +34,137 @@ args = parser.parse_args()
 import torch  # noqa: E402
 
 problems = []
-if torch.__version__ != args.torch:
-    problems.append(f"torch {torch.__version__} is installed, the plan asked for {args.torch}")
-if torch.version.cuda is None:
-    problems.append(f"torch {torch.__version__} is a CPU build (torch.version.cuda is None)")
-elif not torch.version.cuda.startswith(args.cuda):
-    problems.append(f"torch is built for CUDA {torch.version.cuda}, the plan asked for {args.cuda}")
-installed = importlib.metadata.version("vllm")
-if installed.split("+")[0] != args.vllm_version:
-    problems.append(f"vLLM {installed} is installed, the plan asked for {args.vllm_version}")
-record = pathlib.Path("/opt/sparkbuild/sources.txt")
-sources = record.read_text().split() if record.is_file() else []
-if not sources:
-    problems.append(f"{record} is missing: the source stage did not record the commits it fetched")
-elif args.vllm_commit not in sources:
-    problems.append(f"vLLM was not built from commit {args.vllm_commit}; sources: {' '.join(sources)}")
+found = {}
+
+
+def check(name, func):
+    try:
+        found[name] = func()
+    except Exception as exc:  # every failure is reported with the others, then the build stops
+        problems.append(f"{name}: {type(exc).__name__}: {exc}".strip())
+
+
+def torch_build():
+    # A plan that names no local version ("2.14.0", PyPI's build) accepts its +cuXYZ tag.
+    installed = torch.__version__ if "+" in args.torch else torch.__version__.split("+")[0]
+    if installed != args.torch:
+        raise RuntimeError(f"torch {torch.__version__} is installed, the plan asked for {args.torch}")
+    if torch.version.cuda is None:
+        raise RuntimeError(f"torch {torch.__version__} is a CPU build (torch.version.cuda is None)")
+    if not torch.version.cuda.startswith(args.cuda):
+        raise RuntimeError(f"torch is built for CUDA {torch.version.cuda}, the plan asked for {args.cuda}")
+    return {"version": torch.__version__, "cuda": torch.version.cuda}
+
+
+def vllm_source():
+    installed = importlib.metadata.version("vllm")
+    if installed.split("+")[0] != args.vllm_version:
+        raise RuntimeError(f"vLLM {installed} is installed, the plan asked for {args.vllm_version}")
+    record = pathlib.Path("/opt/sparkbuild/sources.txt")
+    sources = record.read_text().split() if record.is_file() else []
+    if not sources:
+        raise RuntimeError(f"{record} is missing: the source stage did not record the commits it fetched")
+    if args.vllm_commit not in sources:
+        raise RuntimeError(f"vLLM was not built from commit {args.vllm_commit}; sources: {' '.join(sources)}")
+    import vllm
+
+    return {"version": installed, "commit": args.vllm_commit, "path": str(pathlib.Path(vllm.__file__).parent)}
+
+
+def triton_driver_stub():
+    import triton
+    from triton.runtime import build
+
+    driver_c = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "driver.c"
+    include = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "include"
+    with tempfile.TemporaryDirectory() as tmp:
+        src = pathlib.Path(tmp) / "cuda_utils.c"
+        src.write_text(driver_c.read_text())
+        # Triton's own compile step for the stub it builds on first use; libcuda is linked at run time.
+        # Triton 3.7+ takes compiler flags too.
+        flags = {"ccflags": []} if "ccflags" in inspect.signature(build._build).parameters else {}
+        so = build._build("cuda_utils", str(src), tmp, [], [str(include)], [], **flags)
+        size = pathlib.Path(so).stat().st_size
+    return {"triton": triton.__version__, "compiler": build._find_compiler("c"), "stub_bytes": size}
+
+
+JIT_UNIT = """
+#include <cuda_runtime.h>
+#include <nvrtc.h>
+#include <cublas_v2.h>
+#include <curand_kernel.h>
+#include <cub/cub.cuh>
+__global__ void k(float* x) { x[threadIdx.x] *= 2.0f; }
+"""
+
+
+def cuda_jit():
+    home = pathlib.Path(os.environ["CUDA_HOME"])
+    nvcc = home / "bin" / "nvcc"
+    version = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, check=True).stdout
+    release = version.split("release ")[1].split(",")[0]
+    if not release.startswith(args.cuda):
+        raise RuntimeError(f"nvcc in {home} is CUDA {release}, the image is for CUDA {args.cuda}")
+    with tempfile.TemporaryDirectory() as tmp:
+        unit = pathlib.Path(tmp) / "jit.cu"
+        unit.write_text(JIT_UNIT)
+        done = subprocess.run(
+            [str(nvcc), "-c", str(unit), "-o", str(unit.with_suffix(".o")), "-arch=sm_120"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"nvcc could not compile a unit with CUDA's headers:\n{done.stderr[-2000:]}")
+    return {"cuda_home": str(home), "nvcc": release}
+
+
+def flashinfer_toolkit():
+    try:
+        importlib.import_module("flashinfer")
+    except ImportError:
+        return "not installed"
+    from flashinfer.jit import cpp_ext
+
+    path = cpp_ext.get_cuda_path()
+    cubins = pathlib.Path("/opt/sparkbuild/cubins.txt")
+    return {
+        "version": importlib.metadata.version("flashinfer-python"),
+        "cuda_path": str(path),
+        "cubins": cubins.read_text().strip() if cubins.is_file() else "unknown",
+    }
+
+
+def companions():
+    versions = {}
+    for name in ("torchvision", "torchaudio", "torchcodec"):
+        importlib.import_module(name)
+        versions[name] = importlib.metadata.version(name)
+    return versions
+
+
+def multi_node():
+    import ray
+
+    libraries = {}
+    for name in ("libibverbs.so.1", "librdmacm.so.1"):
+        ctypes.CDLL(name)
+        libraries[name] = "loads"
+    return {"ray": ray.__version__, **libraries}
+
+
+for name, func in (
+    ("torch", torch_build),
+    ("vllm", vllm_source),
+    ("triton", triton_driver_stub),
+    ("cuda_jit", cuda_jit),
+    ("flashinfer", flashinfer_toolkit),
+    ("companions", companions),
+    ("multi_node", multi_node),
+):
+    check(name, func)
 if problems:
     sys.exit("image check failed:\n  " + "\n  ".join(problems))
-import vllm  # noqa: E402
-
-found = {
-    "vllm_path": str(pathlib.Path(vllm.__file__).parent),
-    "vllm": installed,
-    "vllm_commit": args.vllm_commit,
-    "torch": torch.__version__,
-    "torch_cuda": torch.version.cuda,
-}
+found["vllm_path"] = found["vllm"]["path"]
 pathlib.Path("/opt/sparkbuild/installed.json").write_text(json.dumps(found, indent=2) + "\n")
 print(json.dumps(found))

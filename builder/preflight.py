@@ -1,0 +1,241 @@
+"""Preflight: what a Spark build will compile, proven before the long compile starts.
+
+The vLLM stage's ``preflight`` target (``dockerfiles/spark/preflight.py``, in the build container)
+runs vLLM's own CMake configure for the target's arch list and compiles the units the patch set
+changed. Here, on the host, sparkbuild reads what it exported:
+
+- the audit: every CUDA translation unit of ``compile_commands.json`` with the code it will get
+  (``-gencode`` / ``--generate-code``), judged by check-binary's rule for the target GPU (the last
+  arch of the list): a unit with no code that runs there fails, named; PTX-only units are listed
+  apart (the driver JIT-compiles them on first load);
+- the patched units: each must compile, and its object must carry code for the GPU (cuobjdump).
+
+A failure stops the target before the compile; the report goes to the summary and to
+``sparkbuild-out/<target>/preflight/``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from builder import binaries, log
+from builder.binaries import Arch, Code
+from builder.errors import BuildError
+
+_GENCODE = re.compile(r"arch=compute_(\w+?),code=\[?([\w,]+)\]?")
+_ARCH = re.compile(r"^(\d+?)(\d)([af]?)$")
+_LIBRARY = re.compile(r"CMakeFiles/([^/]+)\.dir/")
+Verdict = Literal["sass", "ptx-only", "none"]
+
+
+def device_of(arch_list: str) -> Arch:
+    """The GPU the image must run on: the last (newest) entry of the arch list."""
+    return Arch.parse(re.split(r"[;\s,]+", arch_list.strip())[-1])
+
+
+def _arch(text: str) -> Arch:
+    match = _ARCH.match(text)
+    if match is None:
+        raise BuildError(f"preflight: cannot read the arch '{text}' in a -gencode flag")
+    return Arch(major=int(match[1]), minor=int(match[2]), suffix=match[3])
+
+
+def gencodes(command: str) -> tuple[Code, ...]:
+    """Every code target of an nvcc command line: ``sm_XX`` cubins and ``compute_XX`` PTX."""
+    codes: list[Code] = []
+    for _, targets in _GENCODE.findall(command):
+        for target in targets.split(","):
+            kind, _, arch = target.partition("_")
+            if kind in ("sm", "compute"):
+                codes.append(Code(kind="sass" if kind == "sm" else "ptx", arch=_arch(arch), name=target))
+    return tuple(dict.fromkeys(codes))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Unit:
+    file: str
+    library: str
+    codes: tuple[Code, ...]
+    verdict: Verdict
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "library": self.library, "codes": [c.label() for c in self.codes], "verdict": self.verdict}
+
+
+def judge(codes: tuple[Code, ...], device: Arch) -> Verdict:
+    if any(c.kind == "sass" and c.runs_on(device) for c in codes):
+        return "sass"
+    if any(c.kind == "ptx" and c.runs_on(device) for c in codes):
+        return "ptx-only"
+    return "none"
+
+
+def audit(commands: list[dict[str, Any]], device: Arch, source: str) -> tuple[Unit, ...]:
+    """Every CUDA unit of a ``compile_commands.json`` with its codes and verdict, by file name."""
+    units = []
+    for entry in commands:
+        if not entry["file"].endswith(".cu"):
+            continue
+        command = shlex.join(entry["arguments"]) if "arguments" in entry else entry["command"]
+        codes = gencodes(command)
+        library = _LIBRARY.search(entry.get("output", "") or command)
+        units.append(
+            Unit(
+                file=entry["file"].removeprefix(source.rstrip("/") + "/"),
+                library=library[1] if library else "?",
+                codes=codes,
+                verdict=judge(codes, device),
+            )
+        )
+    return tuple(sorted(units, key=lambda u: u.file))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Compiled:
+    file: str
+    ok: bool
+    seconds: float
+    codes: tuple[Code, ...] = ()
+    runs: bool | None = None
+    error: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "ok": self.ok,
+            "seconds": self.seconds,
+            "codes": [c.label() for c in self.codes],
+            "runs_on_device": self.runs,
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Report:
+    target: str
+    device: Arch
+    units: tuple[Unit, ...]
+    compiled: tuple[Compiled, ...]
+    stubbed: tuple[str, ...]
+    changed_files: tuple[str, ...]
+    configure_seconds: float
+    compile_seconds: float
+
+    @property
+    def failing_units(self) -> tuple[Unit, ...]:
+        return tuple(u for u in self.units if u.verdict == "none")
+
+    @property
+    def failing_compiles(self) -> tuple[Compiled, ...]:
+        return tuple(c for c in self.compiled if not c.ok or c.runs is False)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.units) and not self.failing_units and not self.failing_compiles
+
+    def counts(self) -> dict[Verdict, int]:
+        verdicts: tuple[Verdict, ...] = ("sass", "ptx-only", "none")
+        return {v: sum(u.verdict == v for u in self.units) for v in verdicts}
+
+    def cell(self) -> str:
+        """One summary-table cell: units, code targets, problems, seconds."""
+        c = self.counts()
+        text = f"{len(self.units)} units: {c['sass']} sass, {c['ptx-only']} ptx-only, {c['none']} none"
+        text += f"; {len(self.compiled) - len(self.failing_compiles)}/{len(self.compiled)} patched ok"
+        if self.stubbed:
+            text += f"; {len(self.stubbed)} stubbed"
+        return text + f"; {self.configure_seconds + self.compile_seconds:.0f}s"
+
+    def text(self) -> str:
+        lines = [f"preflight of {self.target} for sm_{self.device.major}{self.device.minor}{self.device.suffix}: {self.cell()}"]
+        by_codes: dict[str, int] = {}
+        for u in self.units:
+            key = ", ".join(c.label() for c in u.codes) or "(no -gencode)"
+            by_codes[key] = by_codes.get(key, 0) + 1
+        lines += [f"  {n:4d} unit(s) get {key}" for key, n in sorted(by_codes.items(), key=lambda kv: -kv[1])]
+        for u in self.units:
+            listed = ", ".join(c.label() for c in u.codes) or "none"
+            if u.verdict == "ptx-only":
+                lines.append(f"  ptx-only (JIT on first load): {u.file} [{listed}]")
+            elif u.verdict == "none":
+                lines.append(f"  NO CODE FOR THIS GPU: {u.file} [{listed}]")
+        for c in self.compiled:
+            state = "ok" if c.ok and c.runs is not False else "FAILED"
+            lines.append(f"  patched unit {state}: {c.file} ({c.seconds:.0f}s) [{', '.join(x.label() for x in c.codes)}]")
+            if c.error:
+                lines.append("    " + c.error.strip().splitlines()[-1][:300])
+        if self.stubbed:
+            lines.append(f"  stubbed external projects (their units are stand-ins): {', '.join(self.stubbed)}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "device": str(self.device),
+            "ok": self.ok,
+            "counts": self.counts(),
+            "units": [u.to_json() for u in self.units],
+            "compiled": [c.to_json() for c in self.compiled],
+            "stubbed": list(self.stubbed),
+            "changed_files": list(self.changed_files),
+            "configure_seconds": self.configure_seconds,
+            "compile_seconds": self.compile_seconds,
+        }
+
+    def require(self) -> None:
+        if self.ok:
+            return
+        problems = [f"{u.file} ({', '.join(c.label() for c in u.codes) or 'no code'})" for u in self.failing_units]
+        problems += [f"{c.file} ({'does not compile' if not c.ok else 'no code for the GPU'})" for c in self.failing_compiles]
+        if not self.units:
+            problems.append("the configure listed no CUDA unit")
+        raise BuildError(
+            f"preflight of {self.target} failed before the compile: {len(problems)} unit(s) cannot serve "
+            f"sm_{self.device.major}{self.device.minor}: {'; '.join(problems)}. Check the arch list and the "
+            "patch set (cmake-arch-sm121 widens vLLM's arch lists, e2m1-software the FP4 conversion)"
+        )
+
+
+def read(folder: Path, target: str, arch_list: str) -> Report:
+    """The report of what a preflight-report build exported into ``folder``."""
+    data = json.loads((folder / "preflight.json").read_text(encoding="utf-8"))
+    commands = json.loads((folder / "compile_commands.json").read_text(encoding="utf-8"))
+    device = device_of(arch_list)
+    compiled = []
+    for entry in data["compiled"]:
+        codes: tuple[Code, ...] = ()
+        runs: bool | None = None
+        if entry["ok"] and entry.get("object"):
+            report = binaries.check_file(folder / entry["object"], device)
+            codes, runs = report.codes, report.ok
+        compiled.append(
+            Compiled(
+                file=entry["file"].removeprefix(data["source"].rstrip("/") + "/"),
+                ok=bool(entry["ok"]),
+                seconds=float(entry.get("seconds", 0.0)),
+                codes=codes,
+                runs=runs,
+                error=str(entry.get("error", "")),
+            )
+        )
+    return Report(
+        target=target,
+        device=device,
+        units=audit(commands, device, data["source"]),
+        compiled=tuple(compiled),
+        stubbed=tuple(data.get("stubbed", ())),
+        changed_files=tuple(data.get("changed_files", ())),
+        configure_seconds=float(data.get("configure_seconds", 0.0)),
+        compile_seconds=float(data.get("compile_seconds", 0.0)),
+    )
+
+
+def save(report: Report, folder: Path) -> None:
+    (folder / "audit.json").write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
+    (folder / "audit.txt").write_text(report.text() + "\n", encoding="utf-8")
+    log.info(report.text())

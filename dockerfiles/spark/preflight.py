@@ -1,0 +1,205 @@
+"""Run in the vLLM build stage before the long compile (stdlib only):
+
+1. vLLM's own CMake configure of the patched source, with the target's TORCH_CUDA_ARCH_LIST, the
+   external projects from the source stage (``*_SRC_DIR``) and FetchContent disconnected, so a
+   source that would be cloned from GitHub is an error here and not a download;
+2. the translation units that include a file the patch set changed (the patch record says which),
+   compiled with exactly the flags CMake gave them, through ccache.
+
+It writes ``compile_commands.json``, the compiled objects and ``preflight.json`` to ``--out``;
+sparkbuild audits the code targets of every unit and runs check-binary on the objects.
+The arguments mirror vLLM's ``setup.py`` (``cmake_build_ext.configure``).
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+
+GCC_MIN = re.compile(r'CMAKE_CXX_COMPILER_VERSION\s+VERSION_LESS\s+"([\d.]+)"')
+INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.MULTILINE)
+STUB_MARK = ".sparkbuild-stub"
+
+
+def version_tuple(text: str) -> tuple:
+    return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
+
+
+def check_toolchain(source: pathlib.Path) -> None:
+    """The C++ compiler meets the newest minimum vLLM's CMakeLists.txt checks for (GCC >= 13 for 0.33)."""
+    cmake = (source / "CMakeLists.txt").read_text(errors="replace")
+    minimum = max((m for m in GCC_MIN.findall(cmake)), key=version_tuple, default=None)
+    gcc = shutil.which("g++") or shutil.which("c++")
+    if gcc is None:
+        sys.exit("preflight: no C++ compiler (g++) in the build image; its toolchain packages did not install")
+    have = subprocess.run([gcc, "-dumpfullversion", "-dumpversion"], capture_output=True, text=True, check=True).stdout.strip()
+    if minimum is not None and version_tuple(have) < version_tuple(minimum):
+        sys.exit(
+            "preflight: vLLM's CMakeLists.txt needs GCC >= %s; this build base has %s %s. Use a base image "
+            "whose distribution has a newer GCC (Ubuntu 24.04: 13, Debian trixie: 14)" % (minimum, gcc, have)
+        )
+    print("preflight: %s %s (vLLM needs >= %s)" % (gcc, have, minimum or "nothing stated"), flush=True)
+
+
+def configure(source: pathlib.Path, build: pathlib.Path, log: pathlib.Path) -> float:
+    cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    args = [
+        "cmake", str(source), "-G", "Ninja",
+        f"-DCMAKE_BUILD_TYPE={os.environ.get('CMAKE_BUILD_TYPE', 'RelWithDebInfo')}",
+        "-DVLLM_TARGET_DEVICE=cuda",
+        f"-DVLLM_PYTHON_EXECUTABLE={sys.executable}",
+        f"-DVLLM_PYTHON_PATH={':'.join(sys.path)}",
+        f"-DFETCHCONTENT_BASE_DIR={build / 'deps'}",
+        f"-DNVCC_THREADS={os.environ.get('NVCC_THREADS', '1')}",
+        f"-DCMAKE_CUDA_COMPILER={cuda_home}/bin/nvcc",
+        "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON",
+        *os.environ.get("CMAKE_ARGS", "").split(),
+    ]  # fmt: skip
+    build.mkdir(parents=True, exist_ok=True)
+    print("+ " + shlex.join(args), flush=True)
+    start = time.monotonic()
+    with log.open("w") as sink:
+        done = subprocess.run(args, cwd=build, stdout=sink, stderr=subprocess.STDOUT, check=False)
+    if done.returncode != 0:
+        tail = log.read_text(errors="replace").splitlines()[-40:]
+        # Generators run by the configure (Marlin, Machete) log beside the build: show theirs too.
+        for extra in sorted(build.glob("*.log")):
+            tail += ["", "--- %s (last lines)" % extra.name, *extra.read_text(errors="replace").splitlines()[-30:]]
+        sys.exit("preflight: vLLM's CMake configure failed (exit %d); last lines:\n%s" % (done.returncode, "\n".join(tail)))
+    return time.monotonic() - start
+
+
+def entry_args(entry: dict) -> list:
+    return list(entry["arguments"]) if "arguments" in entry else shlex.split(entry["command"])
+
+
+def include_dirs(args: list, directory: pathlib.Path) -> list:
+    dirs = []
+    for i, arg in enumerate(args):
+        if arg in ("-I", "-isystem") and i + 1 < len(args):
+            dirs.append(args[i + 1])
+        elif arg.startswith("-I") and len(arg) > 2:
+            dirs.append(arg[2:])
+        elif arg.startswith("-isystem") and len(arg) > 8:
+            dirs.append(arg[8:])
+    return [(directory / d).resolve() for d in dirs]
+
+
+def includes(path: pathlib.Path, seen_text: dict) -> list:
+    if path not in seen_text:
+        try:
+            seen_text[path] = INCLUDE.findall(path.read_text(errors="replace"))
+        except OSError:
+            seen_text[path] = []
+    return seen_text[path]
+
+
+def touches(unit: pathlib.Path, dirs: list, changed: set, source: pathlib.Path, cache: dict) -> bool:
+    """Whether ``unit`` includes (transitively, within the source tree) a changed file."""
+    todo, seen = [unit.resolve()], set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        if path in changed:
+            return True
+        for name in includes(path, cache):
+            for folder in [path.parent, *dirs]:
+                candidate = (folder / name).resolve()
+                if candidate.is_file():
+                    if source in candidate.parents:
+                        todo.append(candidate)
+                    break
+    return False
+
+
+def changed_files(source: pathlib.Path) -> set:
+    record = source / ".sparkbuild-patches.json"
+    if not record.is_file():
+        return set()
+    data = json.loads(record.read_text())
+    return {(source / f).resolve() for r in data.get("results", []) if r.get("status") == "applies" for f in r.get("files", [])}
+
+
+def compile_unit(entry: dict, out: pathlib.Path, index: int) -> dict:
+    args = entry_args(entry)
+    if "-o" not in args:
+        return {"file": entry["file"], "ok": False, "error": "no -o in its compile command"}
+    obj = out / "objects" / ("%03d-%s.o" % (index, pathlib.Path(entry["file"]).name))
+    obj.parent.mkdir(parents=True, exist_ok=True)
+    args[args.index("-o") + 1] = str(obj)
+    launcher = ["ccache"] if shutil.which("ccache") else []
+    start = time.monotonic()
+    done = subprocess.run(launcher + args, cwd=entry["directory"], capture_output=True, text=True, check=False)
+    result = {
+        "file": entry["file"],
+        "object": str(obj.relative_to(out)) if done.returncode == 0 else None,
+        "ok": done.returncode == 0,
+        "seconds": round(time.monotonic() - start, 1),
+    }
+    if done.returncode != 0:
+        result["error"] = (done.stderr or done.stdout)[-3000:]
+    print("  %s %s (%.0fs)" % ("ok  " if result["ok"] else "FAIL", entry["file"], result["seconds"]), flush=True)
+    return result
+
+
+def stubbed(source: pathlib.Path) -> list:
+    """External projects whose tree is a stand-in (it carries a marker), not the real source."""
+    names = []
+    for name, value in sorted(os.environ.items()):
+        if name.endswith("_SRC_DIR") and value:
+            folder = pathlib.Path(value)
+            if any((p / STUB_MARK).is_file() for p in [folder, *folder.parents] if p != pathlib.Path("/")):
+                names.append(name)
+    return names
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--source", type=pathlib.Path, required=True)
+    parser.add_argument("--build", type=pathlib.Path)
+    parser.add_argument("--out", type=pathlib.Path)
+    parser.add_argument("--check-toolchain", action="store_true", help="only check the compiler against vLLM's minimum")
+    args = parser.parse_args()
+    check_toolchain(args.source)
+    if args.check_toolchain:
+        return
+    if args.build is None or args.out is None:
+        parser.error("--build and --out are needed unless --check-toolchain")
+    args.out.mkdir(parents=True, exist_ok=True)
+    seconds = configure(args.source, args.build, args.out / "configure.log")
+    commands = json.loads((args.build / "compile_commands.json").read_text())
+    (args.out / "compile_commands.json").write_text(json.dumps(commands, indent=1))
+    changed = changed_files(args.source)
+    cache: dict = {}
+    source = args.source.resolve()
+    units = [
+        e for e in commands
+        if e["file"].endswith(".cu")
+        and touches(pathlib.Path(e["file"]), include_dirs(entry_args(e), pathlib.Path(e["directory"])), changed, source, cache)
+    ]  # fmt: skip
+    print("preflight: %d CUDA units include a patched file; compiling them" % len(units), flush=True)
+    start = time.monotonic()
+    compiled = [compile_unit(e, args.out, i) for i, e in enumerate(units)]
+    report = {
+        "source": str(args.source),
+        "configure_seconds": round(seconds, 1),
+        "compile_seconds": round(time.monotonic() - start, 1),
+        "changed_files": sorted(str(p.relative_to(source)) for p in changed),
+        "compiled": compiled,
+        "stubbed": stubbed(args.source),
+        "src_dirs": {k: v for k, v in sorted(os.environ.items()) if k.endswith("_SRC_DIR")},
+        "arch_list": os.environ.get("TORCH_CUDA_ARCH_LIST"),
+    }
+    (args.out / "preflight.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
