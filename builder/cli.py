@@ -7,6 +7,7 @@ import json
 import shlex
 import signal
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -14,7 +15,23 @@ from typing import Any, TypeVar
 
 import click
 
-from builder import __version__, binaries, bisect, build, log, model, patch, pipeline, plan, publish, rc, resolve, sources, verify
+from builder import (
+    __version__,
+    binaries,
+    bisect,
+    build,
+    errors,
+    log,
+    model,
+    patch,
+    pipeline,
+    plan,
+    publish,
+    rc,
+    resolve,
+    sources,
+    verify,
+)
 from builder.errors import ConfigError, FatalError, PatchError, VerifyError
 from builder.options import Options
 
@@ -213,7 +230,7 @@ def require_verified(opts: Options, p: plan.TargetPlan, unverified: bool) -> Non
     result = opts.out / p.id / "verify.json"
     ok = result.is_file() and (data := json.loads(result.read_text())).get("ok") and data.get("image") == build.local_ref(p)
     if not ok:
-        raise FatalError(
+        raise VerifyError(
             f"{build.local_ref(p)} has no passing verify result in {result}; run "
             f"`sparkbuild verify {build.local_ref(p)}` first, or pass --unverified"
         )
@@ -240,7 +257,7 @@ def rc_cmd(registry: str | None, dry_run: bool, as_json: bool, **kwargs: Any) ->
     opts = make_options(registry=registry, **kwargs)
     try:
         result = rc.rc(opts, dry_run=dry_run, table_to_stderr=as_json)
-    except pipeline.LaneFailed:
+    except errors.LaneFailed:
         if as_json and (opts.out / "rc.json").is_file():
             click.echo((opts.out / "rc.json").read_text())
         raise
@@ -356,17 +373,22 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 
 
 def main() -> None:
+    """Run the command; every way out is a code of ``errors.EXIT_CODES``."""
     signal.signal(signal.SIGTERM, _terminate)
     try:
         cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        sys.exit(errors.INTERRUPTED)
     except click.ClickException as exc:
         exc.show()
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        sys.exit(130)
+        sys.exit(ConfigError.exit_code)  # a usage mistake, like any other invalid input
     except FatalError as exc:
         log.error(str(exc))
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         log.error("interrupted")
-        sys.exit(130)
+        sys.exit(errors.INTERRUPTED)
+    except Exception:
+        traceback.print_exc()
+        log.error(f"this is a bug in sparkbuild {__version__}, not in its input; please report it with the traceback above")
+        sys.exit(errors.INTERNAL)

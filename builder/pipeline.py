@@ -19,17 +19,11 @@ from pathlib import Path
 
 from builder import build, gitrepo, log, model, patch, plan, publish, verify
 from builder.engine import Engine
-from builder.errors import FatalError, PatchError
+from builder.errors import FatalError, LaneFailed, PatchError, RegistryUnavailableError
 from builder.matrix import GitSource, Target
 from builder.options import Options
 from builder.plan import TargetPlan
 from builder.registry import Registry, embedded
-
-
-class LaneFailed(FatalError):
-    """A lane (nightly, rc) ended with failed targets; the summary says which and why."""
-
-    exit_code = 8
 
 
 @dataclass
@@ -164,7 +158,7 @@ def open_registry(opts: Options) -> Iterator[Registry]:
         return
     registry = Registry.parse(opts.registry)
     if not registry.ping():
-        raise FatalError(
+        raise RegistryUnavailableError(
             f"registry {registry.host} does not answer at {registry.base_url}/; "
             "start it, or unset SPARKBUILD_REGISTRY to use an embedded one"
         )
