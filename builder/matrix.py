@@ -322,7 +322,7 @@ def _defaults_doc() -> Located:
 def load(file: Path, pins: lock.Lock | None = None) -> Matrix:
     """Load, validate and expand a matrix file into targets; ``pins`` fills commits and digests."""
     pins = pins or lock.Lock()
-    doc = yamlsrc.load(file)
+    doc = yamlsrc.load(file, "matrix file (--matrix)")
     defaults_doc = _defaults_doc()
     top = validate.mapping(doc, (), doc.data, TOP_KEYS)
     patches_dir = (file.parent / validate.text(doc, ("patches_dir",), top.get("patches_dir", "patches"))).resolve()
