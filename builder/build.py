@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from builder import base_image, binaries, log
+from builder import base_image, binaries, log, publish
 from builder.engine import Engine
 from builder.errors import ConfigError
 from builder.options import Options
@@ -115,7 +115,7 @@ def ensure_stage(engine: Engine, registry: Registry | None, plan: TargetPlan, st
     if not stage.final and registry is not None and not in_registry:
         # Built here, or made by an earlier run without a registry: share it with other runners.
         engine.tag(stage.ref, f"{registry.host}/{STAGE_REPOSITORY}", _tag(stage))
-        engine.push(f"{registry.host}/{STAGE_REPOSITORY}", _tag(stage))
+        publish.push_image(engine, registry, f"{registry.host}/{STAGE_REPOSITORY}", _tag(stage))
     return StageOutcome(name=stage.name, ref=stage.ref, action=action, seconds=time.monotonic() - start)
 
 
