@@ -20,6 +20,7 @@ from builder import (
     binaries,
     bisect,
     build,
+    disk,
     errors,
     log,
     model,
@@ -29,6 +30,7 @@ from builder import (
     publish,
     rc,
     resolve,
+    runlock,
     sources,
     verify,
 )
@@ -50,9 +52,17 @@ def selection(func: F) -> F:
     return func
 
 
+def waiting(func: F) -> F:
+    """``--no-wait`` for the commands that hold the cache's run lock."""
+    return click.option(
+        "--no-wait", "no_wait", is_flag=True, help="If another run holds this cache's run lock, stop at once (exit 13)."
+    )(func)
+
+
 def make_options(**kwargs: Any) -> Options:
     only = kwargs.pop("only", ())
-    return Options.from_env(only=tuple(only) or None, **kwargs)
+    wait = not kwargs.pop("no_wait", False)
+    return Options.from_env(only=tuple(only) or None, wait=wait, **kwargs)
 
 
 def emit_json(data: object) -> None:
@@ -72,7 +82,7 @@ def plan_cmd(as_json: bool, **kwargs: Any) -> None:
     """Print targets, their build steps and image tags. No Docker, no network."""
     plans = plan.make(make_options(**kwargs))
     if as_json:
-        emit_json([p.to_json() for p in plans])
+        emit_json([{**p.to_json(), "disk_gb": disk.estimate(p)} for p in plans])
         return
     for p in plans:
         click.echo(f"{p.id}  ({p.target.profile}, {p.target.platform})")
@@ -90,6 +100,8 @@ def plan_cmd(as_json: bool, **kwargs: Any) -> None:
             click.echo(f"  stage:   {s.name:<11} {s.ref}{needs}")
         if p.unresolved:
             click.echo(f"  UNRESOLVED: {', '.join(p.unresolved)} (build refuses; `sparkbuild resolve` pins them)")
+        sizes = disk.estimate(p)
+        click.echo(f"  disk:    {', '.join(f'{name} ~{gb:g} GB' for name, gb in sizes.items())}  (checked before a run)")
         click.echo(f"  steps:   {' -> '.join(p.steps)}")
         click.echo(f"  image:   {p.repository}:{p.content_tag}")
         click.echo(f"  tags:    {', '.join(p.tags)}")
@@ -113,6 +125,7 @@ def render_cmd(out_dir: Path, **kwargs: Any) -> None:
     "--registry", help="host:port to pull and push stage images (default: SPARKBUILD_REGISTRY; none: stages stay local)."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print each image and what its stages did as JSON.")
+@waiting
 def build_cmd(registry: str | None, as_json: bool, **kwargs: Any) -> None:
     """Build the images of the selected targets (no verify, no publish)."""
     from builder.engine import Engine
@@ -121,6 +134,9 @@ def build_cmd(registry: str | None, as_json: bool, **kwargs: Any) -> None:
     engine = Engine()
     plans = plan.make(opts)
     with contextlib.ExitStack() as stack:
+        stack.enter_context(runlock.run(opts.cache, wait=opts.wait))
+        root = disk.engine_root(engine.client.info())
+        disk.check(disk.needs(plans, opts.cache, engine_root=root, in_engine=engine.image_exists, registry_storage=None))
         reg = stack.enter_context(pipeline.open_registry(opts)) if opts.registry else None
         results = [build.build(engine, p, opts, reg) for p in plans]
     if as_json:
@@ -139,9 +155,12 @@ def build_cmd(registry: str | None, as_json: bool, **kwargs: Any) -> None:
 @click.option("--matrix", type=click.Path(path_type=Path), help="Matrix file (default: matrix.yaml).")
 @click.option("--lock", type=click.Path(path_type=Path), help="Lock file to write (default: <matrix>.lock.json).")
 @click.option("--json", "as_json", is_flag=True, help="Print every pin as JSON.")
-def resolve_cmd(matrix: Path | None, lock: Path | None, as_json: bool) -> None:
+@waiting
+def resolve_cmd(matrix: Path | None, lock: Path | None, as_json: bool, no_wait: bool) -> None:
     """Pin every git ref to a commit and every base image to a digest; write the lock file."""
-    result = resolve.resolve(make_options(matrix=matrix, lock=lock))
+    opts = make_options(matrix=matrix, lock=lock, no_wait=no_wait)
+    with runlock.run(opts.cache, wait=opts.wait):
+        result = resolve.resolve(opts)
     log.step_summary(f"## sparkbuild resolve\n\n```\n{resolve.table(result)}\n```")
     if as_json:
         emit_json({"lock": str(result.path), "pins": [p.to_json() for p in result.pins]})
@@ -209,6 +228,7 @@ def verify_cmd(
 @selection
 @click.option("--registry", help="host:port of the registry (default: SPARKBUILD_REGISTRY, else an embedded one).")
 @click.option("--unverified", is_flag=True, help="Publish without a passing verify result.")
+@waiting
 def publish_cmd(registry: str | None, unverified: bool, **kwargs: Any) -> None:
     """Push built images by digest, check the digest, then move readable tags."""
     from builder.engine import Engine
@@ -218,7 +238,10 @@ def publish_cmd(registry: str | None, unverified: bool, **kwargs: Any) -> None:
     plans = plan.make(opts)
     for p in plans:
         require_verified(opts, p, unverified)
-    with pipeline.open_registry(opts) as reg:
+    with runlock.run(opts.cache, wait=opts.wait), pipeline.open_registry(opts) as reg:
+        storage = opts.cache / "registry" / "storage" if opts.registry is None else None
+        todo = [p for p in plans if reg.digest(p.repository, p.content_tag) is None]
+        disk.check(disk.needs(todo, opts.cache, engine_root=None, in_engine=engine.image_exists, registry_storage=storage))
         for p in plans:
             done = publish.push(engine, reg, p, build.local_ref(p))
             click.echo(f"{p.id}: {done.reference} ({', '.join(done.tags)})")
@@ -240,6 +263,7 @@ def require_verified(opts: Options, p: plan.TargetPlan, unverified: bool) -> Non
 @selection
 @click.option("--registry", help="host:port of the registry (default: SPARKBUILD_REGISTRY, else an embedded one).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary rows as JSON.")
+@waiting
 def nightly_cmd(registry: str | None, as_json: bool, **kwargs: Any) -> None:
     """Plan, build, verify and publish every target; print a summary."""
     runs = pipeline.nightly(make_options(registry=registry, **kwargs), table_to_stderr=as_json)
@@ -252,6 +276,7 @@ def nightly_cmd(registry: str | None, as_json: bool, **kwargs: Any) -> None:
 @click.option("--registry", help="host:port of the registry (default: SPARKBUILD_REGISTRY, else an embedded one).")
 @click.option("--dry-run", is_flag=True, help="Find the candidate and check the patches on it; build nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the candidate and the summary rows as JSON.")
+@waiting
 def rc_cmd(registry: str | None, dry_run: bool, as_json: bool, **kwargs: Any) -> None:
     """The release-candidate lane: newest vLLM rc -> patch check -> build, verify, publish (tags X.Y.ZrcN, rc)."""
     opts = make_options(registry=registry, **kwargs)
@@ -274,6 +299,7 @@ def rc_cmd(registry: str | None, dry_run: bool, as_json: bool, **kwargs: Any) ->
 @click.option("--only", multiple=True, metavar="GLOB", help="The target whose patches (and build) to use.")
 @click.option("--lock", type=click.Path(path_type=Path), help="Lock file (default: <matrix>.lock.json).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result and every step as JSON.")
+@waiting
 def bisect_cmd(
     good: str,
     bad: str,
@@ -283,9 +309,12 @@ def bisect_cmd(
     only: tuple[str, ...],
     lock: Path | None,
     as_json: bool,
+    no_wait: bool,
 ) -> None:
     """Name the first upstream vLLM commit between GOOD and BAD at which STAGE fails."""
-    result = bisect.bisect(make_options(matrix=matrix, only=only, lock=lock), good, bad, stage, names)
+    opts = make_options(matrix=matrix, only=only, lock=lock, no_wait=no_wait)
+    with runlock.run(opts.cache, wait=opts.wait):
+        result = bisect.bisect(opts, good, bad, stage, names)
     if as_json:
         emit_json(result.to_json())
     else:
