@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from builder import base_image, binaries, log, publish
+from builder import base_image, binaries, fsutil, log, publish
 from builder.engine import Engine
 from builder.errors import ConfigError
 from builder.options import Options
@@ -52,9 +52,10 @@ def local_ref(plan: TargetPlan) -> str:
     return plan.stages[-1].ref
 
 
-def write_context(plan: TargetPlan, stage: StagePlan, folder: Path) -> Path:
-    """Lay out one stage's build context: Dockerfile, the files it uses, the manifest, local wheels."""
-    shutil.rmtree(folder, ignore_errors=True)
+def write_context(plan: TargetPlan, stage: StagePlan, folder: Path, root: Path) -> Path:
+    """Lay out one stage's build context under ``root``: Dockerfile, the files it uses, the manifest, local wheels."""
+    if folder.exists() or folder.is_symlink():
+        fsutil.remove_tree(folder, root)
     (folder / "wheels").mkdir(parents=True)
     (folder / "Dockerfile").write_text(stage.rendered.dockerfile, encoding="utf-8")
     for name, content in stage.rendered.files:
@@ -72,7 +73,7 @@ def write_context(plan: TargetPlan, stage: StagePlan, folder: Path) -> Path:
 
 def write_contexts(plan: TargetPlan, folder: Path) -> list[Path]:
     """Every stage's context under ``folder/NN-<stage>/`` (what ``sparkbuild render`` writes)."""
-    return [write_context(plan, s, folder / f"{i:02d}-{s.name}") for i, s in enumerate(plan.stages, 1)]
+    return [write_context(plan, s, folder / f"{i:02d}-{s.name}", folder) for i, s in enumerate(plan.stages, 1)]
 
 
 def build(engine: Engine, plan: TargetPlan, opts: Options, registry: Registry | None = None) -> BuildResult:
@@ -124,7 +125,7 @@ def _tag(stage: StagePlan) -> str:
 
 
 def _build_stage(engine: Engine, plan: TargetPlan, stage: StagePlan, opts: Options) -> None:
-    context = write_context(plan, stage, opts.cache / "contexts" / plan.id / stage.name)
+    context = write_context(plan, stage, opts.cache / "contexts" / plan.id / stage.name, opts.cache / "contexts")
     secrets = {"pip-ca": opts.ca_bundle} if opts.ca_bundle and opts.ca_bundle.is_file() else {}
     if not secrets:
         log.info(f"no CA bundle at {opts.ca_bundle}: pip in the build uses the image's own certificates")

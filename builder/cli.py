@@ -112,6 +112,8 @@ def plan_cmd(as_json: bool, **kwargs: Any) -> None:
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("sparkbuild-out/render"), show_default=True)
 def render_cmd(out_dir: Path, **kwargs: Any) -> None:
     """Write each target's stage Dockerfiles and context files to OUT/<target>/NN-<stage>/."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--out {out_dir}: a file is there; give a folder (made if missing)")
     for p in plan.make(make_options(**kwargs)):
         for folder in build.write_contexts(p, out_dir / p.id):
             click.echo(f"{p.id}: {folder / 'Dockerfile'}")

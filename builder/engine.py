@@ -29,7 +29,7 @@ import docker.errors
 import requests
 from docker.models.containers import Container as SdkContainer
 
-from builder import cmd, log
+from builder import cmd, log, signals
 from builder.errors import BuildError, EngineError
 
 ENGINE_HELP = (
@@ -252,11 +252,14 @@ class Engine:
     def copy_out(self, image: str, path: str, dest: Path) -> Path:
         """Copy ``path`` out of ``image`` into ``dest`` (a created, never started container)."""
         log.info(f"+ docker create {image}; docker cp CONTAINER:{path} {dest}  (SDK)")
+        held = signals.Held()
         try:
-            container = self.client.containers.create(image, command=["true"], entrypoint=[])
+            with held:
+                container = self.client.containers.create(image, command=["true"], entrypoint=[])
         except docker.errors.APIError as exc:
             raise EngineError(f"could not create a container from {image}: {exc.explanation}") from None
         try:
+            held.deliver()
             stream, _ = container.get_archive(path)
             dest.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryFile() as buffer:
@@ -292,22 +295,31 @@ class Engine:
         for key, value in environment.items():
             shown += ["--env", f"{key}={value}"]
         log.info(cmd.show([*shown, image, *command]) + "  (SDK)")
+        # Ctrl-C waits while the container is made and started: it lands below, where it is removed.
+        held = signals.Held()
         try:
-            sdk = self.client.containers.run(
-                image,
-                list(command),
-                name=name,
-                detach=True,
-                network_mode="host",
-                shm_size=shm_size,
-                volumes=volumes,
-                environment=dict(environment),
-            )
+            with held:
+                sdk = self.client.containers.run(
+                    image,
+                    list(command),
+                    name=name,
+                    detach=True,
+                    network_mode="host",
+                    shm_size=shm_size,
+                    volumes=volumes,
+                    environment=dict(environment),
+                )
         except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # created but not started (409: the name is another container's)
+                self._remove(name)
             raise EngineError(f"could not start a container from {image}: {exc.explanation}") from None
         try:
+            held.deliver()
             yield Container(sdk)
         finally:
-            log.info(f"+ docker rm --force {name}  (SDK)")
-            with contextlib.suppress(docker.errors.NotFound):  # already gone is what we wanted
-                sdk.remove(force=True)
+            self._remove(name)
+
+    def _remove(self, name: str) -> None:
+        log.info(f"+ docker rm --force {name}  (SDK)")
+        with contextlib.suppress(docker.errors.NotFound):  # already gone is what we wanted
+            self.client.api.remove_container(name, force=True)

@@ -38,3 +38,18 @@ def remove_tree(path: Path, root: Path) -> None:
     if path.is_symlink() or not inside(path, root) or path.resolve() == root.resolve():
         raise ConfigError(f"refusing to remove {path}: it is not a folder inside {root}")
     shutil.rmtree(path, ignore_errors=True)
+
+
+def files(folder: Path) -> list[Path]:
+    """Every file under ``folder``, sorted. A symlink is followed only where it stays inside the folder:
+    one that points out (``/etc/shadow``, ``../../.venv``) is refused, so nothing outside a patch or
+    profile folder reaches a build context or an image."""
+    found = []
+    root = folder.resolve()
+    for parent, dirs, names in os.walk(folder):
+        for name in [*dirs, *names]:
+            path = Path(parent) / name
+            if path.is_symlink() and not path.resolve().is_relative_to(root):
+                raise ConfigError(f"{path} is a symlink to {path.resolve()}, outside {folder}; copy the file in instead")
+        found += [Path(parent) / n for n in names if (Path(parent) / n).is_file()]
+    return sorted(found)

@@ -11,7 +11,9 @@ import difflib
 import hashlib
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,8 +127,14 @@ class Mirror:
         if self._fetched:
             return
         if not (self.path / "HEAD").is_file():
-            self.path.mkdir(parents=True, exist_ok=True)
-            git.Repo.init(self.path, bare=True)
+            # Made aside and renamed: a half-made mirror is never taken for one.
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fresh = Path(tempfile.mkdtemp(dir=self.path.parent, prefix=f".{self.path.name}."))
+            git.Repo.init(fresh, bare=True)
+            try:
+                fresh.rename(self.path)
+            except OSError:  # another run made it first
+                shutil.rmtree(fresh, ignore_errors=True)
         _git(
             ["fetch", "--prune", "--force", "--tags", self.url, "+refs/heads/*:refs/heads/*"],
             cwd=self.path,
