@@ -50,6 +50,8 @@ class Lock:
 
 def default_path(matrix_file: Path) -> Path:
     """``matrix.yaml`` -> ``matrix.lock.json`` beside it."""
+    if not matrix_file.name:  # "." or "/": not a matrix file, which loading it says
+        return matrix_file / "matrix.lock.json"
     return matrix_file.with_name(f"{matrix_file.stem}.lock.json")
 
 

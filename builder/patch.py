@@ -109,7 +109,8 @@ def load_one(folder: Path) -> Patch:
         raise doc.fail(("versions",), f"{data['versions']!r} is not a version specifier (for example '>=0.11,<0.19')") from None
     upstream = validate.mapping(doc, ("upstream",), data["upstream"], UPSTREAM_KEYS)
     links = validate.list_of(validate.text)(doc, ("upstream", "links"), validate.require(doc, ("upstream",), upstream, "links"))
-    detect = tuple(_detect(doc, ("upstream", "detect", i), d) for i, d in enumerate(upstream.get("detect") or ()))
+    detects = validate.list_of_maps(doc, ("upstream", "detect"), upstream.get("detect") or [])
+    detect = tuple(_detect(doc, ("upstream", "detect", i), d) for i, d in enumerate(detects))
     change = validate.mapping(doc, ("change",), data["change"], CHANGE_KEYS)
     if len(change) != 1:
         raise doc.fail(("change",), "give exactly one of 'diff: FILE' or 'rule: NAME'")
