@@ -47,6 +47,8 @@ class Rule:
     headers: dict[str, str] = field(default_factory=dict)
     times: int = 1  # how many matching requests to fault; -1: all
     probability: float = 1.0
+    # For "gate": once released, drop the request instead of forwarding it (its client was killed).
+    drop: bool = False
     # For "gate": set when a request arrives; the request waits until ``release`` is set.
     arrived: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
@@ -138,9 +140,12 @@ class FaultProxy:
                 self._fault(client, rule, headers)
                 return
             if rule is not None:
+                self.injected["gate"] += 1
                 rule.arrived.set()
                 while not rule.release.wait(0.1) and not self._closed.is_set():
                     pass
+                if rule.drop:
+                    return
             self._forward(client, head)
         except OSError:
             pass
