@@ -200,7 +200,7 @@ def verify_cmd(
 
     opts = make_options(matrix=matrix)
     engine = Engine()
-    target_id = engine.inspect(image)["Config"].get("Labels", {}).get("io.sparkbuild.target")
+    target_id = (engine.inspect(image)["Config"].get("Labels") or {}).get("io.sparkbuild.target")
     targets = matrix_mod.load(opts.matrix).targets
     checks = {t.check.name: t.check for t in targets}
     by_target = {t.id: t.check for t in targets}
@@ -408,7 +408,8 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _terminate)
     try:
         cli.main(standalone_mode=False)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort:  # click's name for a KeyboardInterrupt inside a command
+        log.error("interrupted")
         sys.exit(errors.INTERRUPTED)
     except click.ClickException as exc:
         exc.show()
