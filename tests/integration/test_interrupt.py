@@ -29,7 +29,6 @@ from tests.faults import FaultProxy, Rule
 pytestmark = pytest.mark.docker
 
 SLEEPER = "sparkbuild-t17/sleeper:1"
-KILL_MOMENTS: list[str] = []
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +120,6 @@ def test_ctrl_c_as_the_verify_container_starts_leaves_none(
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err
     assert containers_of(engine, sleeper) == []
-    KILL_MOMENTS.append(f"SIGINT {moment}")
 
 
 def test_ctrl_c_while_waiting_for_the_server_leaves_no_container(engine: Engine, sleeper: str, tmp_path: Path) -> None:
@@ -132,7 +130,6 @@ def test_ctrl_c_while_waiting_for_the_server_leaves_no_container(engine: Engine,
     assert containers_of(engine, sleeper)
     interrupt(proc)
     assert containers_of(engine, sleeper) == []
-    KILL_MOMENTS.append("SIGINT while waiting for the server")
 
 
 def publish_setup(engine: Engine, base: str, tmp_path: Path) -> tuple[Path, dict[str, str]]:
@@ -160,7 +157,6 @@ def test_ctrl_c_during_a_push_stops_the_embedded_registry(
     threading.Timer(1.0, gate.release.set).start()
     interrupt(proc)
     assert registries_in(tmp_path / "cache") == []
-    KILL_MOMENTS.append("SIGINT during a push")
 
 
 def test_ctrl_c_as_the_embedded_registry_starts_leaves_no_process(engine: Engine, base: str, tmp_path: Path) -> None:
@@ -171,7 +167,6 @@ def test_ctrl_c_as_the_embedded_registry_starts_leaves_no_process(engine: Engine
         time.sleep(0.005)
     interrupt(proc)
     assert registries_in(tmp_path / "cache") == []
-    KILL_MOMENTS.append("SIGINT as the registry starts")
 
 
 def test_kill_9_leaves_no_registry_process_either(engine: Engine, base: str, tmp_path: Path) -> None:
@@ -186,8 +181,3 @@ def test_kill_9_leaves_no_registry_process_either(engine: Engine, base: str, tmp
     while registries_in(tmp_path / "cache") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert registries_in(tmp_path / "cache") == []  # it dies with its parent (PR_SET_PDEATHSIG)
-    KILL_MOMENTS.append("kill -9 with the registry running")
-
-
-def test_zz_report_the_moments() -> None:
-    print(f"\nkill and Ctrl-C moments: {KILL_MOMENTS}")
