@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from builder import cmd
-from builder.errors import BinaryCheckError, ConfigError, FatalError, ToolMissingError
+from builder.errors import BinaryCheckError, ConfigError, ToolMissingError
 
 _LINE_RE = re.compile(r"^(ELF|PTX) file\s+\d+:\s+(?P<name>\S+)$")
 _ARCH_RE = re.compile(r"\.sm_(?P<major>\d+?)(?P<minor>\d)(?P<suffix>[af]?)\.(cubin|ptx)$")
@@ -102,7 +102,7 @@ def list_code(path: Path, tool: Path | None = None) -> tuple[Code, ...] | None:
     if "does not contain device code" in result.stdout + result.stderr:
         return None
     if result.returncode != 0:
-        raise FatalError(f"{cmd.show(args)} failed (exit {result.returncode}): {result.stderr.strip()}")
+        raise BinaryCheckError(f"{cmd.show(args)} failed (exit {result.returncode}): {result.stderr.strip()}")
     codes = []
     for line in result.stdout.splitlines():
         match = _LINE_RE.match(line.strip())
@@ -110,7 +110,7 @@ def list_code(path: Path, tool: Path | None = None) -> tuple[Code, ...] | None:
             continue
         arch = _ARCH_RE.search(match["name"])
         if arch is None:
-            raise FatalError(f"{path}: cannot read the arch of '{match['name']}' in cuobjdump's listing")
+            raise BinaryCheckError(f"{path}: cannot read the arch of '{match['name']}' in cuobjdump's listing")
         codes.append(
             Code(
                 kind="sass" if line.startswith("ELF") else "ptx",

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from builder import base_image, binaries, log, preflight, render
+from builder import base_image, binaries, fsutil, log, preflight, publish, render
 from builder.engine import Engine
 from builder.errors import ConfigError
 from builder.options import Options
@@ -54,9 +54,10 @@ def local_ref(plan: TargetPlan) -> str:
     return plan.stages[-1].ref
 
 
-def write_context(plan: TargetPlan, stage: StagePlan, folder: Path) -> Path:
-    """Lay out one stage's build context: Dockerfile, the files it uses, the manifest, local wheels."""
-    shutil.rmtree(folder, ignore_errors=True)
+def write_context(plan: TargetPlan, stage: StagePlan, folder: Path, root: Path) -> Path:
+    """Lay out one stage's build context under ``root``: Dockerfile, the files it uses, the manifest, local wheels."""
+    if folder.exists() or folder.is_symlink():
+        fsutil.remove_tree(folder, root)
     (folder / "wheels").mkdir(parents=True)
     (folder / "Dockerfile").write_text(stage.rendered.dockerfile, encoding="utf-8")
     for name, content in stage.rendered.files:
@@ -74,7 +75,7 @@ def write_context(plan: TargetPlan, stage: StagePlan, folder: Path) -> Path:
 
 def write_contexts(plan: TargetPlan, folder: Path) -> list[Path]:
     """Every stage's context under ``folder/NN-<stage>/`` (what ``sparkbuild render`` writes)."""
-    return [write_context(plan, s, folder / f"{i:02d}-{s.name}") for i, s in enumerate(plan.stages, 1)]
+    return [write_context(plan, s, folder / f"{i:02d}-{s.name}", folder) for i, s in enumerate(plan.stages, 1)]
 
 
 def require_resolved(plan: TargetPlan) -> None:
@@ -104,8 +105,9 @@ def build(
     if plan.jobs is not None:
         log.info(f"build jobs: {plan.jobs.text()}")
     report = None
-    if check_first and (stage := preflighted_stage(plan)) is not None and not _present(engine, registry, stage):
+    if check_first and (stage := preflighted_stage(plan)) is not None and not is_present(engine, registry, stage):
         report = run_preflight(engine, plan, opts)
+        report.require()
     outcomes = [ensure_stage(engine, registry, plan, stage, opts) for stage in plan.stages]
     if plan.target.profile == "spark":
         if plan.target.compile == "rehearse":
@@ -137,7 +139,7 @@ def ensure_stage(engine: Engine, registry: Registry | None, plan: TargetPlan, st
     if not stage.final and registry is not None and not in_registry:
         # Built here, or made by an earlier run without a registry: share it with other runners.
         engine.tag(stage.ref, f"{registry.host}/{STAGE_REPOSITORY}", _tag(stage))
-        engine.push(f"{registry.host}/{STAGE_REPOSITORY}", _tag(stage))
+        publish.push_image(engine, registry, f"{registry.host}/{STAGE_REPOSITORY}", _tag(stage))
     return StageOutcome(name=stage.name, ref=stage.ref, action=action, seconds=time.monotonic() - start)
 
 
@@ -145,7 +147,7 @@ def _tag(stage: StagePlan) -> str:
     return stage.ref.rsplit(":", 1)[1]
 
 
-def _present(engine: Engine, registry: Registry | None, stage: StagePlan) -> bool:
+def is_present(engine: Engine, registry: Registry | None, stage: StagePlan) -> bool:
     """Built already: in the engine, or in the registry for another runner's build."""
     if engine.image_exists(stage.ref):
         return True
@@ -163,7 +165,8 @@ def preflighted_stage(plan: TargetPlan) -> StagePlan | None:
 
 
 def run_preflight(engine: Engine, plan: TargetPlan, opts: Options) -> preflight.Report:
-    """Build the vLLM stage up to its preflight target, export what it found, audit it; raise on a failure."""
+    """Build the vLLM stage up to its preflight target, export what it found, audit it (``require()``
+    on the report raises on a failure, naming the units)."""
     stage = preflighted_stage(plan)
     if stage is None:
         raise ConfigError(f"{plan.id}: no stage of profile '{plan.target.profile}' has a {PREFLIGHT_TARGET} target")
@@ -171,7 +174,7 @@ def run_preflight(engine: Engine, plan: TargetPlan, opts: Options) -> preflight.
     ensure_bases(engine, plan, opts)
     folder = opts.out / plan.id / "preflight"
     shutil.rmtree(folder, ignore_errors=True)
-    context = write_context(plan, stage, opts.cache / "contexts" / plan.id / stage.name)
+    context = write_context(plan, stage, opts.cache / "contexts" / plan.id / stage.name, opts.cache / "contexts")
     with log.step(f"Preflight of {plan.id}: vLLM's configure for {plan.target.arch_list}, patched units compiled"):
         engine.build(
             context=context,
@@ -186,7 +189,6 @@ def run_preflight(engine: Engine, plan: TargetPlan, opts: Options) -> preflight.
         )
     report = preflight.read(folder, plan.id, plan.target.arch_list)
     preflight.save(report, folder)
-    report.require()
     return report
 
 
@@ -207,7 +209,7 @@ def stage_args(plan: TargetPlan, stage: StagePlan, registry: Registry | None) ->
 
 
 def _build_stage(engine: Engine, plan: TargetPlan, stage: StagePlan, opts: Options, registry: Registry | None = None) -> None:
-    context = write_context(plan, stage, opts.cache / "contexts" / plan.id / stage.name)
+    context = write_context(plan, stage, opts.cache / "contexts" / plan.id / stage.name, opts.cache / "contexts")
     labels = plan.labels if stage.final else {"io.sparkbuild.stage": stage.name, "io.sparkbuild.content-hash": stage.content_hash}
     with log.step(f"Building stage {stage.name} of {plan.id}: {stage.ref}"):
         engine.build(

@@ -7,6 +7,7 @@ import json
 import shlex
 import signal
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -19,6 +20,8 @@ from builder import (
     binaries,
     bisect,
     build,
+    disk,
+    errors,
     log,
     model,
     patch,
@@ -28,6 +31,7 @@ from builder import (
     rc,
     rehearse,
     resolve,
+    runlock,
     sources,
     verify,
 )
@@ -49,9 +53,17 @@ def selection(func: F) -> F:
     return func
 
 
+def waiting(func: F) -> F:
+    """``--no-wait`` for the commands that hold the cache's run lock."""
+    return click.option(
+        "--no-wait", "no_wait", is_flag=True, help="If another run holds this cache's run lock, stop at once (exit 13)."
+    )(func)
+
+
 def make_options(**kwargs: Any) -> Options:
     only = kwargs.pop("only", ())
-    return Options.from_env(only=tuple(only) or None, **kwargs)
+    wait = not kwargs.pop("no_wait", False)
+    return Options.from_env(only=tuple(only) or None, wait=wait, **kwargs)
 
 
 def emit_json(data: object) -> None:
@@ -71,7 +83,7 @@ def plan_cmd(as_json: bool, **kwargs: Any) -> None:
     """Print targets, their build steps and image tags. No Docker, no network."""
     plans = plan.make(make_options(**kwargs))
     if as_json:
-        emit_json([p.to_json() for p in plans])
+        emit_json([{**p.to_json(), "disk_gb": disk.estimate(p)} for p in plans])
         return
     for p in plans:
         click.echo(f"{p.id}  ({p.target.profile}, {p.target.platform})")
@@ -89,6 +101,8 @@ def plan_cmd(as_json: bool, **kwargs: Any) -> None:
             click.echo(f"  stage:   {s.name:<11} {s.ref}{needs}")
         if p.unresolved:
             click.echo(f"  UNRESOLVED: {', '.join(p.unresolved)} (build refuses; `sparkbuild resolve` pins them)")
+        sizes = disk.estimate(p)
+        click.echo(f"  disk:    {', '.join(f'{name} ~{gb:g} GB' for name, gb in sizes.items())}  (checked before a run)")
         click.echo(f"  steps:   {' -> '.join(p.steps)}")
         click.echo(f"  image:   {p.repository}:{p.content_tag}")
         click.echo(f"  tags:    {', '.join(p.tags)}")
@@ -99,6 +113,8 @@ def plan_cmd(as_json: bool, **kwargs: Any) -> None:
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("sparkbuild-out/render"), show_default=True)
 def render_cmd(out_dir: Path, **kwargs: Any) -> None:
     """Write each target's stage Dockerfiles and context files to OUT/<target>/NN-<stage>/."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--out {out_dir}: a file is there; give a folder (made if missing)")
     for p in plan.make(make_options(**kwargs)):
         for folder in build.write_contexts(p, out_dir / p.id):
             click.echo(f"{p.id}: {folder / 'Dockerfile'}")
@@ -112,6 +128,7 @@ def render_cmd(out_dir: Path, **kwargs: Any) -> None:
     "--registry", help="host:port to pull and push stage images (default: SPARKBUILD_REGISTRY; none: stages stay local)."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print each image and what its stages did as JSON.")
+@waiting
 def build_cmd(registry: str | None, as_json: bool, **kwargs: Any) -> None:
     """Build the images of the selected targets (no verify, no publish)."""
     from builder.engine import Engine
@@ -120,6 +137,9 @@ def build_cmd(registry: str | None, as_json: bool, **kwargs: Any) -> None:
     engine = Engine()
     plans = plan.make(opts)
     with contextlib.ExitStack() as stack:
+        stack.enter_context(runlock.run(opts.cache, wait=opts.wait))
+        root = disk.engine_root(engine.client.info())
+        disk.check(disk.needs(plans, opts.cache, engine_root=root, in_engine=engine.image_exists, registry_storage=None))
         reg = stack.enter_context(pipeline.open_registry(opts)) if opts.registry else None
         results = [build.build(engine, p, opts, reg) for p in plans]
     if as_json:
@@ -138,9 +158,12 @@ def build_cmd(registry: str | None, as_json: bool, **kwargs: Any) -> None:
 @click.option("--matrix", type=click.Path(path_type=Path), help="Matrix file (default: matrix.yaml).")
 @click.option("--lock", type=click.Path(path_type=Path), help="Lock file to write (default: <matrix>.lock.json).")
 @click.option("--json", "as_json", is_flag=True, help="Print every pin as JSON.")
-def resolve_cmd(matrix: Path | None, lock: Path | None, as_json: bool) -> None:
+@waiting
+def resolve_cmd(matrix: Path | None, lock: Path | None, as_json: bool, no_wait: bool) -> None:
     """Pin every git ref to a commit and every base image to a digest; write the lock file."""
-    result = resolve.resolve(make_options(matrix=matrix, lock=lock))
+    opts = make_options(matrix=matrix, lock=lock, no_wait=no_wait)
+    with runlock.run(opts.cache, wait=opts.wait):
+        result = resolve.resolve(opts)
     log.step_summary(f"## sparkbuild resolve\n\n```\n{resolve.table(result)}\n```")
     if as_json:
         emit_json({"lock": str(result.path), "pins": [p.to_json() for p in result.pins]})
@@ -170,7 +193,7 @@ def rehearse_cmd(matrix: Path | None, only: tuple[str, ...], lock: Path | None, 
         click.echo(text)
     failed = [r.target for r in results if r.error]
     if failed:
-        raise pipeline.LaneFailed(f"rehearse: {len(failed)} of {len(results)} target(s) failed: {', '.join(failed)}")
+        raise errors.LaneFailed(f"rehearse: {len(failed)} of {len(results)} target(s) failed: {', '.join(failed)}")
 
 
 @cli.command("model")
@@ -203,7 +226,7 @@ def verify_cmd(
 
     opts = make_options(matrix=matrix)
     engine = Engine()
-    target_id = engine.inspect(image)["Config"].get("Labels", {}).get("io.sparkbuild.target")
+    target_id = (engine.inspect(image)["Config"].get("Labels") or {}).get("io.sparkbuild.target")
     targets = matrix_mod.load(opts.matrix).targets
     checks = {t.check.name: t.check for t in targets}
     by_target = {t.id: t.check for t in targets}
@@ -233,6 +256,7 @@ def verify_cmd(
 @selection
 @click.option("--registry", help="host:port of the registry (default: SPARKBUILD_REGISTRY, else an embedded one).")
 @click.option("--unverified", is_flag=True, help="Publish without a passing verify result.")
+@waiting
 def publish_cmd(registry: str | None, unverified: bool, **kwargs: Any) -> None:
     """Push built images by digest, check the digest, then move readable tags."""
     from builder.engine import Engine
@@ -242,7 +266,10 @@ def publish_cmd(registry: str | None, unverified: bool, **kwargs: Any) -> None:
     plans = plan.make(opts)
     for p in plans:
         require_verified(opts, p, unverified)
-    with pipeline.open_registry(opts) as reg:
+    with runlock.run(opts.cache, wait=opts.wait), pipeline.open_registry(opts) as reg:
+        storage = opts.cache / "registry" / "storage" if opts.registry is None else None
+        todo = [p for p in plans if reg.digest(p.repository, p.content_tag) is None]
+        disk.check(disk.needs(todo, opts.cache, engine_root=None, in_engine=engine.image_exists, registry_storage=storage))
         for p in plans:
             done = publish.push(engine, reg, p, build.local_ref(p))
             click.echo(f"{p.id}: {done.reference} ({', '.join(done.tags)})")
@@ -254,7 +281,7 @@ def require_verified(opts: Options, p: plan.TargetPlan, unverified: bool) -> Non
     result = opts.out / p.id / "verify.json"
     ok = result.is_file() and (data := json.loads(result.read_text())).get("ok") and data.get("image") == build.local_ref(p)
     if not ok:
-        raise FatalError(
+        raise VerifyError(
             f"{build.local_ref(p)} has no passing verify result in {result}; run "
             f"`sparkbuild verify {build.local_ref(p)}` first, or pass --unverified"
         )
@@ -264,6 +291,7 @@ def require_verified(opts: Options, p: plan.TargetPlan, unverified: bool) -> Non
 @selection
 @click.option("--registry", help="host:port of the registry (default: SPARKBUILD_REGISTRY, else an embedded one).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary rows as JSON.")
+@waiting
 def nightly_cmd(registry: str | None, as_json: bool, **kwargs: Any) -> None:
     """Plan, build, verify and publish every target; print a summary."""
     runs = pipeline.nightly(make_options(registry=registry, **kwargs), table_to_stderr=as_json)
@@ -276,12 +304,13 @@ def nightly_cmd(registry: str | None, as_json: bool, **kwargs: Any) -> None:
 @click.option("--registry", help="host:port of the registry (default: SPARKBUILD_REGISTRY, else an embedded one).")
 @click.option("--dry-run", is_flag=True, help="Find the candidate and check the patches on it; build nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the candidate and the summary rows as JSON.")
+@waiting
 def rc_cmd(registry: str | None, dry_run: bool, as_json: bool, **kwargs: Any) -> None:
     """The release-candidate lane: newest vLLM rc -> patch check -> build, verify, publish (tags X.Y.ZrcN, rc)."""
     opts = make_options(registry=registry, **kwargs)
     try:
         result = rc.rc(opts, dry_run=dry_run, table_to_stderr=as_json)
-    except pipeline.LaneFailed:
+    except errors.LaneFailed:
         if as_json and (opts.out / "rc.json").is_file():
             click.echo((opts.out / "rc.json").read_text())
         raise
@@ -298,6 +327,7 @@ def rc_cmd(registry: str | None, dry_run: bool, as_json: bool, **kwargs: Any) ->
 @click.option("--only", multiple=True, metavar="GLOB", help="The target whose patches (and build) to use.")
 @click.option("--lock", type=click.Path(path_type=Path), help="Lock file (default: <matrix>.lock.json).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result and every step as JSON.")
+@waiting
 def bisect_cmd(
     good: str,
     bad: str,
@@ -307,9 +337,12 @@ def bisect_cmd(
     only: tuple[str, ...],
     lock: Path | None,
     as_json: bool,
+    no_wait: bool,
 ) -> None:
     """Name the first upstream vLLM commit between GOOD and BAD at which STAGE fails."""
-    result = bisect.bisect(make_options(matrix=matrix, only=only, lock=lock), good, bad, stage, names)
+    opts = make_options(matrix=matrix, only=only, lock=lock, no_wait=no_wait)
+    with runlock.run(opts.cache, wait=opts.wait):
+        result = bisect.bisect(opts, good, bad, stage, names)
     if as_json:
         emit_json(result.to_json())
     else:
@@ -397,17 +430,23 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 
 
 def main() -> None:
+    """Run the command; every way out is a code of ``errors.EXIT_CODES``."""
     signal.signal(signal.SIGTERM, _terminate)
     try:
         cli.main(standalone_mode=False)
+    except click.exceptions.Abort:  # click's name for a KeyboardInterrupt inside a command
+        log.error("interrupted")
+        sys.exit(errors.INTERRUPTED)
     except click.ClickException as exc:
         exc.show()
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        sys.exit(130)
+        sys.exit(ConfigError.exit_code)  # a usage mistake, like any other invalid input
     except FatalError as exc:
         log.error(str(exc))
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         log.error("interrupted")
-        sys.exit(130)
+        sys.exit(errors.INTERRUPTED)
+    except Exception:
+        traceback.print_exc()
+        log.error(f"this is a bug in sparkbuild {__version__}, not in its input; please report it with the traceback above")
+        sys.exit(errors.INTERNAL)

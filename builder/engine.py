@@ -9,12 +9,14 @@ goes through the SDK.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,11 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import docker.auth
 import docker.errors
+import requests
 from docker.models.containers import Container as SdkContainer
 
-from builder import cmd, log
-from builder.errors import BuildError, EngineError, PublishError
+from builder import cmd, log, signals
+from builder.errors import BuildError, EngineError
 
 ENGINE_HELP = (
     "start a Docker engine (on Debian: apt-get install docker.io, then "
@@ -72,6 +76,15 @@ def _client_version(name: str) -> int | None:
     result = subprocess.run([name, "version", "--format", "{{.Client.Version}}"], capture_output=True, text=True, check=False)
     head = result.stdout.strip().split(".")[0]
     return int(head) if head.isdigit() else None
+
+
+class PushFailed(Exception):
+    """The daemon gave up on a push (``publish`` decides whether to push again)."""
+
+
+class PushStalled(PushFailed):
+    """A push made no progress for too long or passed its deadline: pushing again would only wait on
+    the same stalled upload, which the daemon keeps until the registry drops it."""
 
 
 class Container:
@@ -202,27 +215,57 @@ class Engine:
         except docker.errors.APIError as exc:
             raise EngineError(f"pull of {repository}:{tag} failed: {exc.explanation}") from None
 
-    def push(self, repository: str, tag: str) -> str:
-        """Push through the SDK; returns the manifest digest the registry reported."""
-        log.info(f"+ docker push {repository}:{tag}  (SDK)")
+    def push(self, repository: str, tag: str, *, stall_s: float = 600, deadline: float | None = None) -> str:
+        """Push through the Engine API; returns the manifest digest the registry reported.
+
+        No progress from the daemon for ``stall_s`` seconds, or past ``deadline`` (``time.monotonic``),
+        ends the push with PushStalled; the daemon giving up ends it with PushFailed. The stream is
+        read here, not through the SDK's generator, so that ending it closes the connection.
+        """
+        log.info(f"+ docker push {repository}:{tag}  (Engine API)")
+        api = self.client.api
+        registry, _ = docker.auth.resolve_repository_name(repository)
+        credentials = docker.auth.get_config_header(api, registry)
+        # The daemon reads credentials from the header, else from the body: "{}" is none, as the SDK sends.
+        headers = {"Content-Type": "application/json", **({"X-Registry-Auth": credentials} if credentials else {})}
+        url = f"{api.base_url}/v{api.api_version}/images/{repository}/push"
+        end = deadline if deadline is not None else time.monotonic() + 7 * 24 * 3600
         digest = None
-        for event in self.client.api.push(repository, tag=tag, stream=True, decode=True):
-            if "error" in event:
-                raise PublishError(f"push of {repository}:{tag} failed: {event['error']}")
-            aux = event.get("aux") or {}
-            digest = aux.get("Digest", digest)
+        try:
+            with api.post(url, params={"tag": tag}, data="{}", headers=headers, stream=True, timeout=stall_s) as response:
+                response.raise_for_status()
+                for line in response.iter_lines():
+                    event = json.loads(line) if line.strip() else {}
+                    if "error" in event:
+                        raise PushFailed(f"push of {repository}:{tag} failed: {event['error']}")
+                    digest = (event.get("aux") or {}).get("Digest", digest)
+                    if time.monotonic() > end:
+                        raise PushStalled(f"push of {repository}:{tag} passed its deadline")
+        except requests.Timeout:
+            raise PushStalled(f"push of {repository}:{tag} stalled: no progress for {stall_s:.0f}s") from None
+        except requests.ConnectionError as exc:
+            if "timed out" in str(exc):  # a read timeout inside the stream comes as a ConnectionError
+                raise PushStalled(f"push of {repository}:{tag} stalled: no progress for {stall_s:.0f}s") from None
+            raise EngineError(f"the engine dropped the push of {repository}:{tag}: {exc}") from None
+        except requests.HTTPError as exc:
+            raise PushFailed(f"the engine refused the push of {repository}:{tag}: {exc}") from None
+        except ValueError as exc:
+            raise PushFailed(f"the engine sent a push event that is not JSON: {exc}") from None
         if digest is None:
-            raise PublishError(f"push of {repository}:{tag} reported no digest")
+            raise PushFailed(f"push of {repository}:{tag} reported no digest")
         return str(digest)
 
     def copy_out(self, image: str, path: str, dest: Path) -> Path:
         """Copy ``path`` out of ``image`` into ``dest`` (a created, never started container)."""
         log.info(f"+ docker create {image}; docker cp CONTAINER:{path} {dest}  (SDK)")
+        held = signals.Held()
         try:
-            container = self.client.containers.create(image, command=["true"], entrypoint=[])
+            with held:
+                container = self.client.containers.create(image, command=["true"], entrypoint=[])
         except docker.errors.APIError as exc:
             raise EngineError(f"could not create a container from {image}: {exc.explanation}") from None
         try:
+            held.deliver()
             stream, _ = container.get_archive(path)
             dest.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryFile() as buffer:
@@ -258,22 +301,31 @@ class Engine:
         for key, value in environment.items():
             shown += ["--env", f"{key}={value}"]
         log.info(cmd.show([*shown, image, *command]) + "  (SDK)")
+        # Ctrl-C waits while the container is made and started: it lands below, where it is removed.
+        held = signals.Held()
         try:
-            sdk = self.client.containers.run(
-                image,
-                list(command),
-                name=name,
-                detach=True,
-                network_mode="host",
-                shm_size=shm_size,
-                volumes=volumes,
-                environment=dict(environment),
-            )
+            with held:
+                sdk = self.client.containers.run(
+                    image,
+                    list(command),
+                    name=name,
+                    detach=True,
+                    network_mode="host",
+                    shm_size=shm_size,
+                    volumes=volumes,
+                    environment=dict(environment),
+                )
         except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # created but not started (409: the name is another container's)
+                self._remove(name)
             raise EngineError(f"could not start a container from {image}: {exc.explanation}") from None
         try:
+            held.deliver()
             yield Container(sdk)
         finally:
-            log.info(f"+ docker rm --force {name}  (SDK)")
-            with contextlib.suppress(docker.errors.NotFound):  # already gone is what we wanted
-                sdk.remove(force=True)
+            self._remove(name)
+
+    def _remove(self, name: str) -> None:
+        log.info(f"+ docker rm --force {name}  (SDK)")
+        with contextlib.suppress(docker.errors.NotFound):  # already gone is what we wanted
+            self.client.api.remove_container(name, force=True)

@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import tarfile
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -131,8 +132,14 @@ class Mirror:
         if self._fetched:
             return
         if not (self.path / "HEAD").is_file():
-            self.path.mkdir(parents=True, exist_ok=True)
-            git.Repo.init(self.path, bare=True)
+            # Made aside and renamed: a half-made mirror is never taken for one.
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fresh = Path(tempfile.mkdtemp(dir=self.path.parent, prefix=f".{self.path.name}."))
+            git.Repo.init(fresh, bare=True)
+            try:
+                fresh.rename(self.path)
+            except OSError:  # another run made it first
+                shutil.rmtree(fresh, ignore_errors=True)
         _git(
             ["fetch", "--prune", "--force", "--tags", self.url, "+refs/heads/*:refs/heads/*"],
             cwd=self.path,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from builder import yamlsrc
 from builder.errors import ConfigError
 from builder.externals import External, ScanError
 
@@ -67,28 +68,51 @@ def externals_key(repo: str, commit: str) -> str:
 
 def default_path(matrix_file: Path) -> Path:
     """``matrix.yaml`` -> ``matrix.lock.json`` beside it."""
+    if not matrix_file.name:  # "." or "/": not a matrix file, which loading it says
+        return matrix_file / "matrix.lock.json"
     return matrix_file.with_name(f"{matrix_file.stem}.lock.json")
+
+
+MAX_BYTES = 4 * 1024 * 1024
 
 
 def read(path: Path) -> Lock:
     """Read and check a lock file; every problem names the file and what to do."""
+    again = "run `sparkbuild resolve` to write it again"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path}: not a readable lock file ({exc}); run `sparkbuild resolve` to write it again") from None
+        data = json.loads(yamlsrc.read_text(path, "lock file", MAX_BYTES))
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}; or {again}") from None
+    except (ValueError, RecursionError) as exc:
+        raise ConfigError(f"{path}: not a readable lock file ({str(exc)[:120]}); {again}") from None
     found = data.get("format") if isinstance(data, dict) else None
     if found != LOCK_FORMAT:
-        raise ConfigError(f"{path}: lock format {found} is not {LOCK_FORMAT}; run `sparkbuild resolve` to write it again")
-    gits = data.get("git", {})
-    images = data.get("images", {})
-    for repo, refs in gits.items():
-        for ref, commit in refs.items():
-            if not _SHA.match(str(commit)):
-                raise ConfigError(f"{path}: git.{repo}.{ref}: '{commit}' is not a full commit SHA; run `sparkbuild resolve`")
+        raise ConfigError(f"{path}: lock format {found!r} is not {LOCK_FORMAT}; {again}")
+    gits = _table(path, data, "git", dict)
+    for repo in gits:
+        for ref, commit in _table(path, gits, repo, str, f"git.{repo}").items():
+            if not _SHA.match(commit):
+                raise ConfigError(f"{path}: git.{repo}.{ref}: {commit!r} is not a full commit SHA; {again}")
+    images = _table(path, data, "images", str)
     for image, digest in images.items():
-        if not _DIGEST.match(str(digest)):
-            raise ConfigError(f"{path}: images.{image}: '{digest}' is not a sha256 digest; run `sparkbuild resolve`")
-    found_externals = data.get("externals", {})
-    if not isinstance(found_externals, dict) or not all(isinstance(v, list) for v in found_externals.values()):
-        raise ConfigError(f"{path}: externals: expected a mapping of lists; run `sparkbuild resolve`")
-    return Lock(git=gits, images=images, resolved_at=str(data.get("resolved_at", "")), file=path, externals=found_externals)
+        if not _DIGEST.match(digest):
+            raise ConfigError(f"{path}: images.{image}: {digest!r} is not a sha256 digest; {again}")
+    found_externals = _table(path, data, "externals", list)
+    resolved_at = data.get("resolved_at", "")
+    return Lock(
+        git=gits,
+        images=images,
+        resolved_at=resolved_at if isinstance(resolved_at, str) else "",
+        file=path,
+        externals=found_externals,
+    )
+
+
+def _table(path: Path, data: dict[str, Any], key: str, value_type: type, where: str = "") -> dict[str, Any]:
+    """``data[key]``: a mapping of names to ``value_type`` (a missing key is an empty mapping)."""
+    table = data.get(key, {})
+    name = where or key
+    if not isinstance(table, dict) or not all(isinstance(v, value_type) for v in table.values()):
+        kind = "mappings" if value_type is dict else "lists" if value_type is list else "strings"
+        raise ConfigError(f"{path}: {name}: expected a mapping of names to {kind}; run `sparkbuild resolve` to write it again")
+    return table

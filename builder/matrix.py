@@ -8,6 +8,7 @@ names the file, the line and the key; an unknown key suggests the nearest known 
 from __future__ import annotations
 
 import itertools
+import math
 import re
 import string
 from collections.abc import Mapping
@@ -16,8 +17,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from builder import lock, validate, yamlsrc
+from packaging.version import InvalidVersion, Version
+
+from builder import lock, oci, patch, validate, yamlsrc
+from builder.errors import ConfigError
 from builder.externals import External
+from builder.model import RECIPES
 from builder.yamlsrc import DocPath, Located
 
 PROFILES = ("local", "spark")
@@ -231,21 +236,91 @@ class Matrix:
         return tuple(dict.fromkeys(b.image for b in self.bases.values() if b.image is not None and "@" not in b.image))
 
 
+# --- values checked for where they land (Dockerfile, build argument, tag, command, folder) -------
+
+_version_chars = validate.pattern(r"[A-Za-z0-9][A-Za-z0-9.+!_-]{0,63}", "a version", '"2.13.0+cpu"')
+
+
+def _version(doc: Located, path: DocPath, value: Any) -> str:
+    text: str = _version_chars(doc, path, value)
+    try:
+        Version(text)
+    except InvalidVersion:
+        raise doc.fail(path, f"'{text}' is not a version (PEP 440, like 0.33.0 or 2.13.0+cpu)") from None
+    return text
+
+
+_cuda = validate.pattern(r"\d{1,2}\.\d{1,2}", "a CUDA version", '"13.0"')
+_ARCH = r"\d{1,2}\.\d[af]?(?:\+PTX)?"
+_arch_list = validate.pattern(rf"{_ARCH}(?:[;, ]+{_ARCH})*", "a CUDA arch list", '"12.1a" or "12.0a;12.1a"')
+# git check-ref-format, narrowed: no "..", "//", "@{", spaces or shell characters.
+_ref = validate.pattern(r"(?!.*\.\.)(?!.*//)[A-Za-z0-9_][A-Za-z0-9._/+-]{0,199}(?<![./])", "a git tag or branch", "v0.33.0")
+# A URL, an absolute path or user@host:path, with nothing a shell or a Dockerfile would read.
+_repo = validate.pattern(
+    r"[a-z][a-z0-9+.-]*://[A-Za-z0-9._~:/@%+-]+|/[A-Za-z0-9._~/+-]+|[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[A-Za-z0-9._~/-]+",
+    "a git repository URL without spaces, quotes or shell characters",
+    "https://github.com/vllm-project/vllm.git",
+)
+_torch_index = validate.pattern(
+    r"auto|[A-Za-z0-9._~:/@%+=?&-]+", "auto, a folder or an index URL, without spaces or quotes", "auto"
+)
+# Bases and checks are named in tags (sparkbuild/base:<name>-<hash>) and labels.
+_name = validate.pattern(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", "a name of letters, digits, '.', '_' and '-'", "cuda-13.0-devel")
+# A patch name is a folder name inside the patches folder: no '/', no '..'.
+_patch_name = validate.pattern(r"[a-z0-9][a-z0-9._-]{0,99}", "a patch name (a folder of patches/)", "e2m1-software")
+_build_arg_name = validate.pattern(r"[A-Za-z_][A-Za-z0-9_]{0,127}", "a build argument name", "MAX_JOBS")
+_suite = validate.pattern(r"[a-z][a-z0-9-]{0,31}", "a Debian suite", "bookworm")
+_variant = validate.pattern(r"[a-z][a-z-]{0,31}", "a debootstrap variant", "minbase")
+_package = validate.pattern(r"[a-z0-9][a-z0-9+.-]{0,99}", "a Debian package name", "python3-venv")
+
+
+def _checked(test: Any, what: str, example: str) -> validate.Validator:
+    def check(doc: Located, path: DocPath, value: Any) -> str:
+        word = validate.line(doc, path, value)
+        if not test(word):
+            raise doc.fail(path, f"{word[:80]!r} is not {what} (for example {example})")
+        return word
+
+    return check
+
+
+_id = _checked(oci.is_id, f"a target id (letters, digits, '.', '_', '-'; at most {oci.MAX_ID})", "vllm-0.19.0-cu129-sm121")
+_repository = _checked(oci.is_repository, "a repository name (lowercase path components, at most 255)", "sparkbuild/vllm")
+_image = _checked(oci.is_reference, "an image reference", "nvidia/cuda:13.0.2-devel-ubuntu24.04@sha256:<64 hex>")
+
+
 def _tag_template(doc: Located, path: DocPath, value: Any) -> str:
-    text = validate.text(doc, path, value)
-    for _, field, _, _ in string.Formatter().parse(text):
+    text = validate.line(doc, path, value)
+    try:
+        parts = list(string.Formatter().parse(text))
+    except ValueError as exc:
+        raise doc.fail(path, f"'{text}' is not a tag template ({exc}); placeholders are {{{'}, {'.join(TAG_FIELDS)}}}") from None
+    for _, field, spec, conversion in parts:
         if field is not None and field not in TAG_FIELDS:
             raise doc.fail(path, f"unknown placeholder '{{{field}}}'.{validate.suggest(field, TAG_FIELDS)}")
+        if spec or conversion:
+            raise doc.fail(path, f"'{text}': write placeholders plainly ({{{field}}}), without '!' or ':'")
     sample = text.format(vllm_version="0.0.0", date="20260101", id="x")
     if not _TAG_RE.match(sample):
         raise doc.fail(path, f"'{text}' does not make a valid image tag ([A-Za-z0-9_.-], at most 128)")
     return text
 
 
+def readable_tag(template: str, fields: Mapping[str, str], target: Target) -> str:
+    """A readable tag of ``target``: its template with this run's values, checked as a tag."""
+    tag = template.format(**fields)
+    if not oci.is_tag(tag):
+        raise ConfigError(
+            f"{target.where}: tag template '{template}' gives '{tag[:140]}', not a valid image tag "
+            f"([A-Za-z0-9_.-], at most {oci.MAX_TAG}); shorten the template or its values"
+        )
+    return tag
+
+
 def _build_args(doc: Located, path: DocPath, value: Any) -> tuple[tuple[str, str], ...]:
     if not isinstance(value, dict):
         raise doc.fail(path, f"expected a mapping of NAME: value, got {validate.type_name(value)}")
-    return tuple(sorted((k, validate.text(doc, (*path, k), v)) for k, v in value.items()))
+    return tuple(sorted((_build_arg_name(doc, (*path, k), k), validate.line(doc, (*path, k), v)) for k, v in value.items()))
 
 
 def _commit(doc: Located, path: DocPath, value: Any) -> str | None:
@@ -264,8 +339,8 @@ def _git(component: str) -> validate.Validator:
         spec = validate.mapping(doc, path, value, ("ref", "commit", "repo"))
         return GitSource(
             # Empty: the matrix's upstreams: (or the default) fills it in _target.
-            repo=validate.text(doc, (*path, "repo"), spec.get("repo", "")) if "repo" in spec else "",
-            ref=validate.text(doc, (*path, "ref"), validate.require(doc, path, spec, "ref")),
+            repo=_repo(doc, (*path, "repo"), spec.get("repo", "")) if "repo" in spec else "",
+            ref=_ref(doc, (*path, "ref"), validate.require(doc, path, spec, "ref")),
             commit=_commit(doc, (*path, "commit"), spec.get("commit")),
         )
 
@@ -288,7 +363,7 @@ SERVE_KEYS: dict[str, validate.Validator] = {
     "max_num_seqs": validate.positive_int,
     "max_model_len": validate.positive_int,
     "cudagraph_capture_sizes": validate.list_of(validate.positive_int),
-    "args": validate.list_of(validate.text),
+    "args": validate.list_of(validate.line),
 }
 
 
@@ -300,14 +375,14 @@ def _serve(doc: Located, path: DocPath, value: Any) -> Serve:
 def _vllm(doc: Located, path: DocPath, value: Any) -> VllmSource:
     spec = validate.mapping(doc, path, value, ("version", "ref", "repo", "wheel", "commit"))
     kinds = [k for k in ("version", "ref", "wheel") if k in spec]
-    repo = validate.opt_text(doc, (*path, "repo"), spec.get("repo"))
+    repo = validate.opt(_repo)(doc, (*path, "repo"), spec.get("repo"))
     if not kinds and "commit" not in spec:
         # No version: the rc lane supplies the newest release candidate (checked with lane: rc).
         return VllmSource(kind="candidate", spec="rc", repo=repo, version="rc")
     if len(kinds) != 1:
         raise doc.fail(path, "give exactly one of 'version', 'ref' or 'wheel' (none: the rc lane's candidate)")
     kind = kinds[0]
-    text = validate.text(doc, (*path, kind), spec[kind])
+    text = {"version": _version, "ref": _ref, "wheel": validate.line}[kind](doc, (*path, kind), spec[kind])
     if kind == "wheel":
         match = re.fullmatch(r"([A-Za-z0-9_.-]+)==([A-Za-z0-9_.+-]+)", text)
         if not match:
@@ -324,31 +399,34 @@ def _vllm(doc: Located, path: DocPath, value: Any) -> VllmSource:
 # --- target keys and their validators ----------------------------------------------------------
 
 TARGET_KEYS: dict[str, validate.Validator] = {
-    "id": validate.opt_text,
+    "id": validate.opt(_id),
     "profile": validate.choice(PROFILES),
     "platform": validate.choice(PLATFORMS),
     "vllm": _vllm,
     "triton": _git("triton"),
     "flashinfer": _git("flashinfer"),
     "cutlass": _git("cutlass"),
-    "cuda": validate.opt_text,
-    "torch": validate.text,
-    "torch_index": validate.text,
-    "base": validate.text,
-    "source_base": validate.opt_text,
-    "runtime_base": validate.opt_text,
-    "ptxas_base": validate.opt_text,
+    "cuda": validate.opt(_cuda),
+    "torch": _version,
+    "torch_index": _torch_index,
+    "base": _name,
+    "source_base": validate.opt(_name),
+    "runtime_base": validate.opt(_name),
+    "ptxas_base": validate.opt(_name),
     "build_jobs": _build_jobs,
     "serve": _serve,
-    "arch_list": validate.text,
-    "patches": validate.list_of(validate.text),
-    "check": validate.text,
-    "repository": validate.text,
+    "arch_list": _arch_list,
+    "patches": validate.list_of(_patch_name),
+    "check": _name,
+    "repository": _repository,
     "tags": validate.list_of(_tag_template),
     "build_args": _build_args,
     "lane": validate.choice(LANES),
 }
 REQUIRED_KEYS = ("profile", "vllm", "torch", "base", "check")
+# Bounds on what one matrix expands to (every target is planned, rendered and hashed).
+MAX_COMBINATIONS = 256
+MAX_TARGETS = 512
 ENTRY_ONLY_KEYS = ("matrix", "include", "exclude")
 TOP_KEYS = ("defaults", "checks", "bases", "targets", "patches_dir", "upstreams", "rehearsal")
 
@@ -365,7 +443,7 @@ def _defaults_doc() -> Located:
 def load(file: Path, pins: lock.Lock | None = None) -> Matrix:
     """Load, validate and expand a matrix file into targets; ``pins`` fills commits and digests."""
     pins = pins or lock.Lock()
-    doc = yamlsrc.load(file)
+    doc = yamlsrc.load(file, "matrix file (--matrix)")
     defaults_doc = _defaults_doc()
     top = validate.mapping(doc, (), doc.data, TOP_KEYS)
     patches_dir = (file.parent / validate.text(doc, ("patches_dir",), top.get("patches_dir", "patches"))).resolve()
@@ -394,6 +472,11 @@ def load(file: Path, pins: lock.Lock | None = None) -> Matrix:
                 )
             seen[target.id] = target
             targets.append(target)
+            if len(targets) > MAX_TARGETS:
+                raise doc.fail(("targets", index), f"more than {MAX_TARGETS} targets in one matrix")
+    # A broken patch.yaml is a mistake in this matrix's inputs: said now, not when a build reaches it.
+    for name in sorted({name for t in targets for name in t.patches}):
+        patch.load_one(patches_dir / name)
     return Matrix(
         file=file,
         patches_dir=patches_dir,
@@ -436,7 +519,7 @@ def _upstreams(doc: Located, defaults_doc: Located, value: Any) -> dict[str, str
     """Where each component's git repository is (a mirror, a fork); defaults.yaml has upstream's."""
     spec = validate.mapping(doc, ("upstreams",), value, COMPONENTS)
     d = defaults_doc.data["upstreams"]
-    return {c: validate.text(doc, ("upstreams", c), spec[c]) if c in spec else str(d[c]) for c in COMPONENTS}
+    return {c: _repo(doc, ("upstreams", c), spec[c]) if c in spec else str(d[c]) for c in COMPONENTS}
 
 
 def _pin_base(base: Base, pins: lock.Lock) -> Base:
@@ -484,6 +567,9 @@ def _expand(doc: Located, path: DocPath, entry: Any) -> list[list[dict[str, Sour
     for key, values in axes.items():
         if not isinstance(values, list) or not values:
             raise doc.fail((*path, "matrix", key), "an axis must be a non-empty list of values")
+    if math.prod(len(v) for v in axes.values()) > MAX_COMBINATIONS:
+        sizes = " x ".join(str(len(v)) for v in axes.values())
+        raise doc.fail((*path, "matrix"), f"{sizes} combinations; at most {MAX_COMBINATIONS} per target entry")
     combos: list[dict[str, Sourced]] = [
         {key: (value, doc, (*path, "matrix", key, i)) for key, (i, value) in zip(axes, choice, strict=True)}
         for choice in itertools.product(*(list(enumerate(v)) for v in axes.values()))
@@ -532,11 +618,13 @@ def _target(
     source_base = named("source_base", bases, "base") if values.get("source_base") else base
     runtime_base = named("runtime_base", bases, "base") if values.get("runtime_base") else base
     ptxas_base = named("ptxas_base", bases, "base") if values.get("ptxas_base") else base
-    for i, patch in enumerate(values["patches"]):
-        if not (patches_dir / patch).is_dir():
-            _, src, p = merged["patches"]
+    for i, name in enumerate(values["patches"]):
+        _, src, p = merged["patches"]
+        if (patches_dir / name).is_symlink():
+            raise src.fail((*p, i), f"patch '{name}': {patches_dir / name} is a symlink; a patch is a folder of {patches_dir}")
+        if not (patches_dir / name).is_dir():
             known = sorted(d.name for d in patches_dir.iterdir() if d.is_dir()) if patches_dir.is_dir() else []
-            raise src.fail((*p, i), f"unknown patch '{patch}': no folder {patches_dir / patch}.{validate.suggest(patch, known)}")
+            raise src.fail((*p, i), f"unknown patch '{name}': no folder {patches_dir / name}.{validate.suggest(name, known)}")
     _profile_rules(merged, values)
     vllm: VllmSource = values["vllm"]
     if vllm.kind != "wheel" or values["lane"] == "rc":
@@ -546,10 +634,12 @@ def _target(
     if values["lane"] == "rc" and merged["tags"][1].file != doc.file:
         # Tags from defaults.yaml are the nightly's; a candidate gets its version and "rc".
         tags = validate.list_of(_tag_template)(merged["tags"][1], ("rc_tags",), merged["tags"][1].data["rc_tags"])
+    # An rc target's id stays the same from one candidate to the next.
+    made = target_id("rc" if values["lane"] == "rc" else vllm.version, values["cuda"], values["arch_list"], values["platform"])
+    if not values.get("id") and not oci.is_id(made):
+        raise doc.fail(path, f"the id made for this target, '{made[:80]}', is not a valid id; give it an 'id:'")
     return Target(
-        # An rc target's id stays the same from one candidate to the next.
-        id=values.get("id")
-        or target_id("rc" if values["lane"] == "rc" else vllm.version, values["cuda"], values["arch_list"], values["platform"]),
+        id=values.get("id") or made,
         profile=values["profile"],
         platform=values["platform"],
         vllm=vllm,
@@ -620,6 +710,7 @@ def _checks(doc: Located, defaults_doc: Located, value: Any) -> dict[str, Check]
     d = defaults_doc.data["check"]
     for name, spec in validate.mapping(doc, ("checks",), value, validate.any_key(value)).items():
         path: DocPath = ("checks", name)
+        _name(doc, path, name)
         spec = validate.mapping(doc, path, spec, CHECK_KEYS)
 
         def get(key: str, check: validate.Validator, spec: dict[str, Any] = spec, path: DocPath = path) -> Any:
@@ -630,8 +721,8 @@ def _checks(doc: Located, defaults_doc: Located, value: Any) -> dict[str, Check]
         prompts = validate.list_of_maps(doc, (*path, "prompts"), validate.require(doc, path, spec, "prompts"))
         result[name] = Check(
             name=name,
-            model=validate.text(doc, (*path, "model"), validate.require(doc, path, spec, "model")),
-            serve_args=get("serve_args", validate.list_of(validate.text)),
+            model=validate.choice(tuple(RECIPES))(doc, (*path, "model"), validate.require(doc, path, spec, "model")),
+            serve_args=get("serve_args", validate.list_of(validate.line)),
             prompts=tuple(
                 _prompt(doc, (*path, "prompts", i), p)
                 for i, p in enumerate(validate.list_of_maps(doc, (*path, "prompts"), prompts))
@@ -650,7 +741,7 @@ def _prompt(doc: Located, path: DocPath, value: dict[str, Any]) -> Prompt:
     for key in ("name", "api", "prompt", "expect", "max_tokens"):
         validate.require(doc, path, spec, key)
     return Prompt(
-        name=validate.text(doc, (*path, "name"), spec["name"]),
+        name=_name(doc, (*path, "name"), spec["name"]),
         api=validate.choice(APIS)(doc, (*path, "api"), spec["api"]),
         prompt=validate.text(doc, (*path, "prompt"), spec["prompt"]),
         expect=validate.text(doc, (*path, "expect"), spec["expect"]),
@@ -669,13 +760,15 @@ def _bases(doc: Located, defaults_doc: Located, value: Any) -> dict[str, Base]:
     result: dict[str, Base] = {}
     for name, spec in sorted(specs.items(), key=lambda item: isinstance(item[1], dict) and "cuda_wheels" in item[1]):
         path: DocPath = ("bases", name)
+        _name(doc, path, name)
         spec = validate.mapping(doc, path, spec, (*BASE_KINDS, "python"))
         kinds = [k for k in BASE_KINDS if k in spec]
         if len(kinds) != 1:
             raise doc.fail(path, "give exactly one of 'image' (pinned by digest), 'debootstrap' or 'cuda_wheels'")
-        image = validate.opt_text(doc, (*path, "image"), spec.get("image"))
+        image = validate.opt(validate.line)(doc, (*path, "image"), spec.get("image"))
         if image is not None and "@" in image and not re.search(r"@sha256:[0-9a-f]{64}$", image):
             raise doc.fail((*path, "image"), f"'{image}': a digest is '@sha256:' and 64 hex digits")
+        image = validate.opt(_image)(doc, (*path, "image"), image)
         deb = _debootstrap(doc, (*path, "debootstrap"), spec.get("debootstrap"))
         cuda = _cuda_wheels(doc, defaults_doc, (*path, "cuda_wheels"), spec.get("cuda_wheels"), result)
         python = _python(doc, defaults_doc, path, spec.get("python"), deb, cuda)
@@ -730,10 +823,10 @@ def _debootstrap(doc: Located, path: DocPath, value: Any) -> Debootstrap | None:
         return None
     spec = validate.mapping(doc, path, value, ("suite", "mirror", "variant", "include"))
     return Debootstrap(
-        suite=validate.text(doc, (*path, "suite"), validate.require(doc, path, spec, "suite")),
-        mirror=validate.text(doc, (*path, "mirror"), validate.require(doc, path, spec, "mirror")),
-        variant=validate.text(doc, (*path, "variant"), spec.get("variant", "minbase")),
-        include=validate.list_of(validate.text)(doc, (*path, "include"), spec.get("include", [])),
+        suite=_suite(doc, (*path, "suite"), validate.require(doc, path, spec, "suite")),
+        mirror=_repo(doc, (*path, "mirror"), validate.require(doc, path, spec, "mirror")),
+        variant=_variant(doc, (*path, "variant"), spec.get("variant", "minbase")),
+        include=validate.list_of(_package)(doc, (*path, "include"), spec.get("include", [])),
     )
 
 

@@ -13,6 +13,7 @@ import hashlib
 import importlib
 import json
 import shutil
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -76,12 +77,19 @@ def ensure(cache: Path, name: str) -> Path:
         log.info(f"model {name}: cached at {target}")
         return target
     with log.step(f"Training model '{name}' (cached by content at {target})"):
-        partial = target.with_name(target.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-        make(recipe(name), partial)
-        # Rename last, so an interrupted run never leaves a folder that looks complete.
-        partial.rename(target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # A folder of its own, renamed last: an interrupted or concurrent run never leaves or sees a half model.
+        partial = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial"))
+        try:
+            make(recipe(name), partial)
+            try:
+                partial.rename(target)
+            except OSError:
+                if not (target / "sparkbuild-model.json").is_file():
+                    raise
+                log.info(f"model {name}: another run finished it first; using {target}")
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
     return target
 
 

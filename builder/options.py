@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -13,6 +15,8 @@ from typing import Any
 import yaml
 
 from builder import toolchain
+from builder.errors import ConfigError
+from builder.registry import Limits, check_address, default_limits
 
 
 @cache
@@ -54,31 +58,94 @@ class Options:
     # What the compile may use: available memory (bytes) and cores where BuildKit runs.
     build_memory: int = 0
     build_cores: int = 1
+    # How hard to try against the registry (defaults.yaml `registry:`, push limits from the environment).
+    registry_limits: Limits = field(default_factory=default_limits)
+    # Token services on other hosts that may receive the registry's credentials.
+    token_realms: tuple[str, ...] = ()
+    # Wait for another run holding the cache's run lock (False: --no-wait).
+    wait: bool = True
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Options:
-        """Defaults, then SPARKBUILD_* variables, then ``overrides`` (the command line) where not None."""
+        """Defaults, then SPARKBUILD_* variables, then ``overrides`` (the command line) where not None.
+
+        Every value is checked here; a bad one is a ConfigError naming the variable or option.
+        """
         root = project_root()
         d = defaults()["options"]
         env = os.environ
         ca = env.get("SPARKBUILD_CA_BUNDLE", d["ca_bundle"])
         memory, cores = toolchain.host_resources()
         if env.get("SPARKBUILD_BUILD_MEMORY_GB"):
-            memory = int(float(env["SPARKBUILD_BUILD_MEMORY_GB"]) * toolchain.GIB)
+            memory = int(_positive_number("SPARKBUILD_BUILD_MEMORY_GB", env["SPARKBUILD_BUILD_MEMORY_GB"], "GB") * toolchain.GIB)
         if env.get("SPARKBUILD_BUILD_CORES"):
-            cores = int(env["SPARKBUILD_BUILD_CORES"])
+            cores = _positive_int("SPARKBUILD_BUILD_CORES", env["SPARKBUILD_BUILD_CORES"])
+        limits = {
+            key: _positive_number(f"SPARKBUILD_{key.upper()}", env[f"SPARKBUILD_{key.upper()}"], "seconds")
+            for key in ("push_stall_s", "push_deadline_s")
+            if env.get(f"SPARKBUILD_{key.upper()}")
+        }
         values: dict[str, Any] = {
-            "matrix": Path(env.get("SPARKBUILD_MATRIX", root / "matrix.yaml")),
-            "dockerfiles": Path(env.get("SPARKBUILD_DOCKERFILES", root / "dockerfiles")),
-            "cache": Path(env.get("SPARKBUILD_CACHE", default_cache())),
-            "out": Path(env.get("SPARKBUILD_OUT", Path.cwd() / "sparkbuild-out")),
-            "date": env.get("SPARKBUILD_DATE", today()),
+            "matrix": _path("SPARKBUILD_MATRIX", env.get("SPARKBUILD_MATRIX"), root / "matrix.yaml"),
+            "dockerfiles": _path("SPARKBUILD_DOCKERFILES", env.get("SPARKBUILD_DOCKERFILES"), root / "dockerfiles"),
+            "cache": _path("SPARKBUILD_CACHE", env.get("SPARKBUILD_CACHE"), default_cache()),
+            "out": _path("SPARKBUILD_OUT", env.get("SPARKBUILD_OUT"), Path.cwd() / "sparkbuild-out"),
+            "date": env.get("SPARKBUILD_DATE") or today(),
             "registry": env.get("SPARKBUILD_REGISTRY") or None,
             "lock": Path(env["SPARKBUILD_LOCK"]) if env.get("SPARKBUILD_LOCK") else None,
             "torch_cpu_index": env.get("SPARKBUILD_TORCH_CPU_INDEX", d["torch_cpu_index"]),
             "ca_bundle": Path(ca) if ca else None,
             "build_memory": memory,
             "build_cores": cores,
+            "registry_limits": Limits.from_mapping(defaults()["registry"], **limits),
+            "token_realms": _hosts("SPARKBUILD_TOKEN_REALMS", env.get("SPARKBUILD_TOKEN_REALMS", "")),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
+        _check_date(values["date"])
+        if values["registry"] is not None:
+            values["registry"] = check_address(values["registry"])
+        if not re.fullmatch(r"https?://[^\s\"'\\]+", values["torch_cpu_index"]):
+            raise ConfigError(f"SPARKBUILD_TORCH_CPU_INDEX={values['torch_cpu_index']!r}: expected an http(s) URL without spaces")
         return cls(**values)
+
+
+def _positive_number(name: str, text: str, unit: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{name}={text!r}: expected a positive number of {unit}, like 8; or unset it")
+    return value
+
+
+def _positive_int(name: str, text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1 or int(text) > 4096:
+        raise ConfigError(f"{name}={text!r}: expected a whole number from 1 to 4096; or unset it to use this machine's")
+    return int(text)
+
+
+def _path(name: str, text: str | None, default: Path) -> Path:
+    if text is None:
+        return default
+    if not text.strip() or "\0" in text:
+        raise ConfigError(f"{name}={text!r}: expected a path; or unset it for the default ({default})")
+    return Path(text)
+
+
+def _hosts(name: str, text: str) -> tuple[str, ...]:
+    hosts = tuple(h.strip() for h in text.split(",") if h.strip())
+    for host in hosts:
+        if not re.fullmatch(r"[A-Za-z0-9.-]+(:\d{1,5})?", host):
+            raise ConfigError(f"{name}: '{host}' is not a host name (HOST or HOST:PORT, separated by commas)")
+    return hosts
+
+
+def _check_date(date: str) -> None:
+    """The date in readable tags: YYYYMMDD, a real day."""
+    try:
+        valid = bool(re.fullmatch(r"\d{8}", date)) and bool(dt.datetime.strptime(date, "%Y%m%d"))
+    except ValueError:
+        valid = False
+    if not valid:
+        raise ConfigError(f"date {date!r} (--date or SPARKBUILD_DATE): expected YYYYMMDD, like {today()}")

@@ -28,7 +28,7 @@ from typing import Any, Literal
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from builder import cmd, patch_rules, validate, yamlsrc
+from builder import cmd, fsutil, patch_rules, validate, yamlsrc
 from builder.errors import ConfigError, FatalError, PatchError
 from builder.patch_rules import Outcome, Overlay
 
@@ -47,7 +47,7 @@ def digest(patches_dir: Path, name: str) -> str:
     """sha256 over every file of the patch folder (relative path and content), in sorted order."""
     folder = patches_dir / name
     h = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+    for path in fsutil.files(folder):
         h.update(f"\0{path.relative_to(folder).as_posix()}\0".encode())
         h.update(path.read_bytes())
     return h.hexdigest()
@@ -80,10 +80,11 @@ class Patch:
 
 
 def load(patches_dir: Path, names: tuple[str, ...] | None = None) -> tuple[Patch, ...]:
-    """Every patch folder (or only ``names``), in name order."""
+    """Every patch folder (or only ``names``), in name order. Every folder is a patch: one without a
+    ``patch.yaml`` is an error, not a patch silently left out."""
     if not patches_dir.is_dir():
         raise ConfigError(f"{patches_dir}: no patches folder; pass --patches DIR")
-    available = sorted(p.name for p in patches_dir.iterdir() if (p / META).is_file())
+    available = sorted(p.name for p in patches_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
     for name in names or ():
         if name not in available:
             raise ConfigError(f"unknown patch '{name}' in {patches_dir}.{validate.suggest(name, available)}")
@@ -91,7 +92,13 @@ def load(patches_dir: Path, names: tuple[str, ...] | None = None) -> tuple[Patch
 
 
 def load_one(folder: Path) -> Patch:
-    doc = yamlsrc.load(folder / META)
+    if folder.is_symlink():
+        raise ConfigError(f"{folder}: a symlink; a patch is a folder of its patches folder")
+    if not (folder / META).is_file():
+        problem = "is not a file" if (folder / META).exists() else "is missing"
+        raise ConfigError(f"{folder}: its {META} {problem}; every folder of the patches folder is a patch (see README)")
+    fsutil.files(folder)  # refuses symlinks out of the folder
+    doc = yamlsrc.load(folder / META, META)
     data = validate.mapping(doc, (), doc.data, META_KEYS)
     for key in ("summary", "why", "component", "versions", "upstream", "change"):
         validate.require(doc, (), data, key)
@@ -102,13 +109,16 @@ def load_one(folder: Path) -> Patch:
         raise doc.fail(("versions",), f"{data['versions']!r} is not a version specifier (for example '>=0.11,<0.19')") from None
     upstream = validate.mapping(doc, ("upstream",), data["upstream"], UPSTREAM_KEYS)
     links = validate.list_of(validate.text)(doc, ("upstream", "links"), validate.require(doc, ("upstream",), upstream, "links"))
-    detect = tuple(_detect(doc, ("upstream", "detect", i), d) for i, d in enumerate(upstream.get("detect") or ()))
+    detects = validate.list_of_maps(doc, ("upstream", "detect"), upstream.get("detect") or [])
+    detect = tuple(_detect(doc, ("upstream", "detect", i), d) for i, d in enumerate(detects))
     change = validate.mapping(doc, ("change",), data["change"], CHANGE_KEYS)
     if len(change) != 1:
         raise doc.fail(("change",), "give exactly one of 'diff: FILE' or 'rule: NAME'")
     diff = rule = None
     if "diff" in change:
-        diff = folder / validate.text(doc, ("change", "diff"), change["diff"])
+        diff = folder / validate.line(doc, ("change", "diff"), change["diff"])
+        if not diff.resolve().is_relative_to(folder.resolve()):
+            raise doc.fail(("change", "diff"), f"{diff} is outside the patch folder {folder}")
         if not diff.is_file():
             raise doc.fail(("change", "diff"), f"{diff} does not exist")
     else:
@@ -131,10 +141,13 @@ def load_one(folder: Path) -> Patch:
     )
 
 
+_inside_tree = validate.pattern(r"(?!/)(?!.*(?:^|/)\.\.(?:/|$))[^\x00]+", "a path inside the source tree", "CMakeLists.txt")
+
+
 def _detect(doc: yamlsrc.Located, path: yamlsrc.DocPath, value: Any) -> Detect:
     d = validate.mapping(doc, path, value, DETECT_KEYS)
     return Detect(
-        file=validate.text(doc, (*path, "file"), validate.require(doc, path, d, "file")),
+        file=_inside_tree(doc, (*path, "file"), validate.require(doc, path, d, "file")),
         contains=validate.text(doc, (*path, "contains"), validate.require(doc, path, d, "contains")),
     )
 
@@ -203,6 +216,15 @@ def _gate(p: Patch, version: Version, component: str) -> Outcome | None:
 
 
 def _run(p: Patch, overlay: Overlay, tree: Path) -> Outcome:
+    try:
+        return _run_one(p, overlay, tree)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"patch {p.name}: a file it reads is not UTF-8 ({exc.reason} at byte {exc.start}); fix {p.folder}"
+        ) from None
+
+
+def _run_one(p: Patch, overlay: Overlay, tree: Path) -> Outcome:
     for d in p.detect:
         if overlay.exists(d.file) and d.contains in overlay.read(d.file):
             return Outcome("upstream", f"{d.file} already has {d.contains!r}")

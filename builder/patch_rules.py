@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from builder.errors import ConfigError
+
 Status = Literal["applies", "upstream", "not-applicable", "conflict"]
 
 
@@ -39,16 +41,24 @@ class Overlay:
         self.root = root
         self.changed: dict[str, str] = {}
 
+    def at(self, rel: str) -> Path:
+        """``root / rel``, for a ``rel`` that stays inside the tree (a patch names what it touches)."""
+        parts = Path(rel).parts
+        if not rel or Path(rel).is_absolute() or ".." in parts:
+            raise ConfigError(f"a patch names '{rel}', a path that leaves the source tree; a patch changes files inside it")
+        return self.root / rel
+
     def exists(self, rel: str) -> bool:
-        return rel in self.changed or (self.root / rel).is_file()
+        return rel in self.changed or self.at(rel).is_file()
 
     def read(self, rel: str) -> str:
         if rel in self.changed:
             return self.changed[rel]
         # newline="" semantics: bytes decoded as they are, so CRLF files keep their line ends.
-        return (self.root / rel).read_bytes().decode("utf-8")
+        return self.at(rel).read_bytes().decode("utf-8")
 
     def write(self, rel: str, text: str) -> None:
+        self.at(rel)
         self.changed[rel] = text
 
     def find(self, pattern: str, under: str = ".") -> list[str]:
@@ -65,7 +75,7 @@ class Overlay:
 
     def commit(self) -> tuple[str, ...]:
         for rel, text in sorted(self.changed.items()):
-            target = self.root / rel
+            target = self.at(rel)
             target.parent.mkdir(parents=True, exist_ok=True)
             mode = target.stat().st_mode if target.exists() else None
             fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".sparkbuild-")

@@ -7,29 +7,45 @@ first stage: its readable tags move, nothing is built.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
 
-from builder import build, gitrepo, log, model, patch, plan, publish, verify
+from builder import build, disk, fsutil, gitrepo, log, model, patch, plan, preflight, publish, runlock, verify
 from builder.engine import Engine
-from builder.errors import FatalError, PatchError
+from builder.errors import FatalError, LaneFailed, PatchError, RegistryUnavailableError
 from builder.matrix import GitSource, Target
 from builder.options import Options
 from builder.plan import TargetPlan
 from builder.registry import Registry, embedded
 
 
-class LaneFailed(FatalError):
-    """A lane (nightly, rc) ended with failed targets; the summary says which and why."""
+class Status(StrEnum):
+    """Where a target is, or how it ended (``summary.json``'s ``status``)."""
 
-    exit_code = 8
+    PENDING = "pending"
+    CHECKING_PATCHES = "checking patches"
+    PREFLIGHT = "preflight"
+    BUILDING = "building"
+    VERIFYING = "verifying"
+    PUBLISHING = "publishing"
+    PUBLISHED = "published"
+    UP_TO_DATE = "up to date"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    NOT_RUN = "not run"
+
+
+DONE = (Status.PUBLISHED, Status.UP_TO_DATE)
 
 
 @dataclass
@@ -37,13 +53,17 @@ class TargetRun:
     """What happened to one target; filled in stage by stage."""
 
     plan: TargetPlan
-    status: str = "pending"
+    status: Status = Status.PENDING
+    # The stage a failed or interrupted target was in.
+    failed_at: Status | None = None
     image: str | None = None
     digest: str | None = None
     result: verify.VerifyResult | None = None
     stages: tuple[build.StageOutcome, ...] = ()
     # The patch check on the target's vLLM source; None where nothing was checked.
     patches: tuple[patch.Result, ...] | None = None
+    # The compile's preflight (Spark): vLLM's configure audited, the patched units compiled.
+    preflight: preflight.Report | None = None
     error: str | None = None
     seconds: float = 0.0
 
@@ -57,10 +77,12 @@ class TargetRun:
             "tag": f"{self.plan.repository}:{self.plan.content_tag}",
             "tags": list(self.plan.tags),
             "digest": self.digest,
-            "status": self.status,
+            "status": self.status.value,
+            "failed_at": None if self.failed_at is None else self.failed_at.value,
+            "preflight": None if self.preflight is None else self.preflight.summary(),
             "verify": verify_cell(self.result)
             if self.result
-            else ("(verified when first published)" if self.status == "up to date" else "-"),
+            else ("(verified when first published)" if self.status == Status.UP_TO_DATE else "-"),
             "seconds": round(self.seconds, 1),
             "stages": [s.to_json() for s in self.stages],
             "error": self.error,
@@ -102,7 +124,7 @@ def check_patches(ctx: Context, run: TargetRun) -> bool:
     source = source_of(run.plan.target)
     if source is None or not run.plan.target.patches or source[0].commit is None:
         return True
-    run.status = "checking patches"
+    run.status = Status.CHECKING_PATCHES
     git, version = source
     report = patch.check(ctx.tree(git), patch.load(ctx.patches_dir, run.plan.target.patches), version)
     run.patches = report.results
@@ -125,20 +147,33 @@ def find_published(ctx: Context, run: TargetRun) -> bool:
         return True
     log.info(f"{run.plan.id}: {run.plan.content_tag} is already published ({digest}); nothing to build")
     publish.move_tags(ctx.registry, run.plan, digest)
-    run.digest, run.status = digest, "up to date"
+    run.digest, run.status = digest, Status.UP_TO_DATE
     return False
 
 
+def preflight_build(ctx: Context, run: TargetRun) -> bool:
+    """Before the long compile: vLLM's own configure for the target's arch list, every unit's code
+    audited for the GPU, and the patched units compiled and checked (``builder.preflight``). A
+    failure stops the target here, its units named; a vLLM stage built earlier needs none."""
+    stage = build.preflighted_stage(run.plan)
+    if stage is None or build.is_present(ctx.engine, ctx.registry, stage):
+        return True
+    run.status = Status.PREFLIGHT
+    run.preflight = build.run_preflight(ctx.engine, run.plan, ctx.opts)
+    run.preflight.require()
+    return True
+
+
 def build_image(ctx: Context, run: TargetRun) -> bool:
-    run.status = "building"
-    result = build.build(ctx.engine, run.plan, ctx.opts, ctx.registry)
+    run.status = Status.BUILDING
+    result = build.build(ctx.engine, run.plan, ctx.opts, ctx.registry, check_first=False)
     run.image, run.stages = result.image, result.stages
     return True
 
 
 def verify_image(ctx: Context, run: TargetRun) -> bool:
     assert run.image is not None
-    run.status = "verifying"
+    run.status = Status.VERIFYING
     check = run.plan.target.check
     model_dir = model.ensure(ctx.opts.cache, check.model)
     run.result = verify.verify(ctx.engine, run.image, check, model_dir, ctx.opts.out / run.plan.id / "verify.json")
@@ -147,24 +182,31 @@ def verify_image(ctx: Context, run: TargetRun) -> bool:
 
 def publish_image(ctx: Context, run: TargetRun) -> bool:
     assert run.image is not None
-    run.status = "publishing"
+    run.status = Status.PUBLISHING
     published = publish.push(ctx.engine, ctx.registry, run.plan, run.image)
-    run.digest, run.status = published.digest, "published"
+    run.digest, run.status = published.digest, Status.PUBLISHED
     return True
 
 
-TARGET_STAGES: tuple[TargetStage, ...] = (find_published, check_patches, build_image, verify_image, publish_image)
+TARGET_STAGES: tuple[TargetStage, ...] = (
+    find_published,
+    check_patches,
+    preflight_build,
+    build_image,
+    verify_image,
+    publish_image,
+)
 
 
 @contextmanager
 def open_registry(opts: Options) -> Iterator[Registry]:
     if opts.registry is None:
-        with embedded(opts.cache / "registry") as registry:
+        with embedded(opts.cache / "registry", opts.registry_limits) as registry:
             yield registry
         return
-    registry = Registry.parse(opts.registry)
+    registry = Registry.parse(opts.registry, opts.registry_limits, opts.token_realms)
     if not registry.ping():
-        raise FatalError(
+        raise RegistryUnavailableError(
             f"registry {registry.host} does not answer at {registry.base_url}/; "
             "start it, or unset SPARKBUILD_REGISTRY to use an embedded one"
         )
@@ -172,16 +214,73 @@ def open_registry(opts: Options) -> Iterator[Registry]:
 
 
 def run_target(ctx: Context, run: TargetRun, stages: tuple[TargetStage, ...] = TARGET_STAGES) -> None:
+    """Run ``stages`` on one target. Any failure in them, expected or not, is this target's: it is
+    recorded (with its traceback, for a surprise, in ``<out>/<target>/error.log``) and the lane goes
+    on. Only Ctrl-C stops the lane."""
     start = time.monotonic()
     try:
         for stage in stages:
             if not stage(ctx, run):
                 break
     except FatalError as exc:
-        run.status, run.error = f"failed ({run.status})", str(exc)
-        log.error(f"{run.plan.id}: {exc}")
+        _failed(ctx, run, str(exc), str(exc))
+    except KeyboardInterrupt:
+        run.failed_at, run.status, run.error = run.status, Status.INTERRUPTED, "interrupted (Ctrl-C or SIGTERM)"
+        raise
+    except Exception as exc:  # a surprise (a docker API error, a bad answer): still only this target's
+        where = ctx.opts.out / run.plan.id / "error.log"
+        _failed(ctx, run, f"unexpected {type(exc).__name__}: {exc} (traceback in {where})", traceback.format_exc())
     finally:
         run.seconds = time.monotonic() - start
+
+
+def _failed(ctx: Context, run: TargetRun, message: str, details: str) -> None:
+    run.failed_at, run.status, run.error = run.status, Status.FAILED, message
+    log.error(f"{run.plan.id}: {message}")
+    fsutil.write_text(ctx.opts.out / run.plan.id / "error.log", f"{run.plan.id} failed while {run.failed_at}:\n{details}\n")
+
+
+def run_lane(ctx: Context, runs: list[TargetRun], stages: tuple[TargetStage, ...], at: str = "") -> None:
+    """Every target in turn; one's failure never stops the others."""
+    for i, run in enumerate(runs, 1):
+        with log.step(f"[{i}/{len(runs)}] {run.plan.id}{at}"):
+            run_target(ctx, run, stages)
+
+
+def check_disk(ctx: Context, runs: list[TargetRun]) -> None:
+    """Before any work: disk for what is not published yet (Docker's data root, the cache, the
+    embedded registry's storage)."""
+    todo = [r.plan for r in runs if ctx.registry.digest(r.plan.repository, r.plan.content_tag) is None]
+    root = disk.engine_root(ctx.engine.client.info()) if todo else None
+    storage = ctx.opts.cache / "registry" / "storage" if ctx.opts.registry is None else None
+    engine = ctx.engine if todo else None
+    disk.check(
+        disk.needs(
+            todo,
+            ctx.opts.cache,
+            engine_root=root,
+            in_engine=lambda ref: engine is not None and engine.image_exists(ref),
+            registry_storage=storage,
+        )
+    )
+
+
+@contextmanager
+def finishing(opts: Options, lane: str, runs: list[TargetRun], *, table_to_stderr: bool, intro: str = "") -> Iterator[None]:
+    """Whatever ends the lane (its end, a failure before the targets, Ctrl-C), the summary table and
+    ``summary.json`` are written, with each target that did not run saying why."""
+    start = time.monotonic()
+    try:
+        yield
+    except BaseException as exc:
+        why = "interrupted (Ctrl-C or SIGTERM)" if isinstance(exc, KeyboardInterrupt) else f"the lane stopped: {exc}"
+        for run in runs:
+            if run.status not in (*DONE, Status.FAILED, Status.INTERRUPTED):
+                run.failed_at, run.status, run.error = run.status, Status.NOT_RUN, why
+        with contextlib.suppress(LaneFailed):
+            report(opts, lane, runs, time.monotonic() - start, table_to_stderr=table_to_stderr, intro=intro)
+        raise
+    report(opts, lane, runs, time.monotonic() - start, table_to_stderr=table_to_stderr, intro=intro)
 
 
 def nightly(opts: Options, *, table_to_stderr: bool = False) -> list[TargetRun]:
@@ -189,17 +288,19 @@ def nightly(opts: Options, *, table_to_stderr: bool = False) -> list[TargetRun]:
 
     The summary table goes to stdout, or to stderr when stdout is kept for JSON.
     """
-    start = time.monotonic()
     with log.step("Planning"):
         m = plan.load_matrix(opts)
         plans = plan.plan_lane(m, opts)
     runs = [TargetRun(p) for p in plans]
-    with open_registry(opts) as registry, tempfile.TemporaryDirectory(prefix="sparkbuild-") as work:
+    with (
+        runlock.run(opts.cache, wait=opts.wait),
+        finishing(opts, "nightly", runs, table_to_stderr=table_to_stderr),
+        open_registry(opts) as registry,
+        tempfile.TemporaryDirectory(prefix="sparkbuild-") as work,
+    ):
         ctx = Context(opts, registry, Path(work), m.patches_dir)
-        for i, run in enumerate(runs, 1):
-            with log.step(f"[{i}/{len(runs)}] {run.plan.id}"):
-                run_target(ctx, run)
-    report(opts, "nightly", runs, time.monotonic() - start, table_to_stderr=table_to_stderr)
+        check_disk(ctx, runs)
+        run_lane(ctx, runs, TARGET_STAGES)
     return runs
 
 
@@ -209,8 +310,7 @@ def report(opts: Options, lane: str, runs: list[TargetRun], elapsed: float, *, t
     stream = sys.stderr if table_to_stderr else sys.stdout
     print(f"{intro}{text}\n\n{len(runs)} target(s) in {log.format_seconds(elapsed)}", file=stream, flush=True)
     log.step_summary(f"## sparkbuild {lane}\n\n{intro}{text}")
-    opts.out.mkdir(parents=True, exist_ok=True)
-    (opts.out / "summary.json").write_text(json.dumps([r.row() for r in runs], indent=2) + "\n")
+    fsutil.write_text(opts.out / "summary.json", json.dumps([r.row() for r in runs], indent=2) + "\n")
     failed = [r for r in runs if r.error]
     if failed:
         raise LaneFailed(f"{lane}: {len(failed)} of {len(runs)} target(s) failed: {', '.join(r.plan.id for r in failed)}")
@@ -233,17 +333,18 @@ def patch_cell(results: tuple[patch.Result, ...] | None) -> str:
 
 def summary_table(runs: list[TargetRun]) -> str:
     """A Markdown table a person reads at a glance (and GitHub renders)."""
-    header = ("target", "vLLM", "commit", "patches", "image tag", "digest", "verify", "status", "time")
+    header = ("target", "vLLM", "commit", "patches", "preflight", "image tag", "digest", "verify", "status", "time")
     rows = [
         (
             r.plan.id,
             r.plan.target.version,
             str(r.row()["commit"] or "-")[:12],
             patch_cell(r.patches),
+            r.preflight.cell() if r.preflight else "-",
             r.plan.content_tag,
             (r.digest or "-")[:19],
             str(r.row()["verify"]),
-            r.status,
+            r.status.value if r.failed_at is None else f"{r.status.value} ({r.failed_at.value})",
             log.format_seconds(r.seconds),
         )
         for r in runs

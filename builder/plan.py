@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder import __version__, base_image, lock, matrix, patch, render, toolchain
+from builder import __version__, base_image, fsutil, lock, matrix, patch, render, toolchain
 from builder.errors import ConfigError
 from builder.matrix import Target
 from builder.options import Options, defaults
@@ -29,7 +29,7 @@ STEPS = ("base", "build", "verify", "publish")
 
 STAGE_REPOSITORY = "sparkbuild/stages"
 # The patch engine as it runs inside a source stage: these modules and nothing that needs Docker.
-PATCH_ENGINE = ("__init__", "cmd", "errors", "log", "patch", "patch_rules", "validate", "yamlsrc")
+PATCH_ENGINE = ("__init__", "cmd", "errors", "fsutil", "log", "patch", "patch_rules", "validate", "yamlsrc")
 # sparkbuild modules a stage runs as scripts inside the image.
 IMAGE_SCRIPTS = ("cuda_layout.py", "serve_defaults.py", "vllm_setup.py")
 
@@ -224,7 +224,7 @@ def plan_target(target: Target, patches_dir: Path, opts: Options) -> TargetPlan:
         inputs=inputs,
         content_hash=content_hash,
         content_tag=content_tag,
-        tags=tuple(t.format(**fields) for t in target.tags),
+        tags=tuple(matrix.readable_tag(t, fields, target) for t in target.tags),
         labels=labels(target, base_identity, patches, content_hash),
         jobs=toolchain.build_jobs(opts.build_memory, opts.build_cores, target.arch_list, target.build_jobs)
         if target.profile == "spark"
@@ -307,9 +307,7 @@ def resources(target: Target, patches_dir: Path) -> dict[str, render.Files]:
     patch_files: list[tuple[str, bytes]] = []
     for name in target.patches:
         folder = patches_dir / name
-        patch_files += [
-            (f"patches/{name}/{f.relative_to(folder)}", f.read_bytes()) for f in sorted(folder.rglob("*")) if f.is_file()
-        ]
+        patch_files += [(f"patches/{name}/{f.relative_to(folder)}", f.read_bytes()) for f in fsutil.files(folder)]
     package = Path(__file__).resolve().parent
     engine = [(f"sparkbuild/builder/{m}.py", (package / f"{m}.py").read_bytes()) for m in PATCH_ENGINE]
     # Standalone scripts of sparkbuild's that run in the image (standard library only).

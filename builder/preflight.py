@@ -173,6 +173,17 @@ class Report:
             lines.append(f"  stubbed external projects (their units are stand-ins): {', '.join(self.stubbed)}")
         return "\n".join(lines)
 
+    def summary(self) -> dict[str, Any]:
+        """What a lane's summary.json keeps: the verdict, the counts and every failing unit."""
+        return {
+            "ok": self.ok,
+            "cell": self.cell(),
+            "counts": self.counts(),
+            "failing_units": [u.to_json() for u in self.failing_units],
+            "failing_compiles": [c.to_json() for c in self.failing_compiles],
+            "stubbed": list(self.stubbed),
+        }
+
     def to_json(self) -> dict[str, Any]:
         return {
             "target": self.target,

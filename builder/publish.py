@@ -1,15 +1,21 @@
 """Publish stage: push by digest, check the digest, then move the readable tags.
 
 Readable tags are set through the registry API from the manifest already pushed, so they only
-ever point at a complete, checked image: nothing is half-published.
+ever point at a complete, checked image: nothing is half-published. A registry cannot move two
+tags at once, so the move is made visible instead: before it, each tag's current image is read;
+a failure says which tag points where; and the next run (the content tag is then in the
+registry) finishes the move before anything else, saying which tags it moves.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
+import tenacity
+
 from builder import log
-from builder.engine import Engine
+from builder.engine import Engine, PushFailed, PushStalled
 from builder.errors import PublishError
 from builder.plan import TargetPlan
 from builder.registry import Registry
@@ -22,11 +28,48 @@ class Published:
     tags: tuple[str, ...]
 
 
+def push_image(engine: Engine, registry: Registry, repository: str, tag: str) -> str:
+    """``engine.push`` of ``repository:tag`` (a name in ``registry``), pushed again whole when the
+    daemon gives up (it retries each layer itself first), within the push deadline."""
+    limits = registry.limits
+    deadline = time.monotonic() + limits.push_deadline_s
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(limits.push_attempts),
+        wait=tenacity.wait_random_exponential(multiplier=limits.backoff_initial_s, max=limits.backoff_max_s),
+        retry=tenacity.retry_if_exception(lambda e: isinstance(e, PushFailed) and not isinstance(e, PushStalled)),
+        before_sleep=lambda state: log.warning(
+            f"{state.outcome.exception() if state.outcome else ''}; pushing again "
+            f"(try {state.attempt_number + 1} of {limits.push_attempts})"
+        ),
+        reraise=True,
+    )
+    try:
+        for attempt in retrying:
+            with attempt:
+                return engine.push(repository, tag, stall_s=limits.push_stall_s, deadline=deadline)
+    except PushStalled as exc:
+        raise PublishError(
+            f"{exc} (push_stall_s {limits.push_stall_s:g}, push_deadline_s {limits.push_deadline_s:g}); nothing was "
+            f"tagged. The engine may keep the stalled upload open until {registry.host} drops it; check that registry "
+            "(its disk, a proxy in front of it), then rerun"
+        ) from None
+    except PushFailed as exc:
+        raise PublishError(
+            f"{exc} ({limits.push_attempts} tries); nothing was tagged; rerun when {registry.host} is healthy"
+        ) from None
+    raise AssertionError("tenacity ends with a result or an exception")
+
+
 def push(engine: Engine, registry: Registry, plan: TargetPlan, local: str) -> Published:
     remote = f"{registry.host}/{plan.repository}"
     engine.tag(local, remote, plan.content_tag)
-    pushed = engine.push(remote, plan.content_tag)
+    pushed = push_image(engine, registry, remote, plan.content_tag)
     served = registry.digest(plan.repository, plan.content_tag)
+    if served is None:
+        raise PublishError(
+            f"{remote}:{plan.content_tag}: the engine pushed {pushed}, but the registry has no such tag (HTTP 404); "
+            "readable tags were not moved. Is something in front of the registry dropping writes? Rerun to push again"
+        )
     if served != pushed:
         raise PublishError(
             f"{remote}:{plan.content_tag}: pushed {pushed} but the registry serves {served}; readable tags were not moved"
@@ -35,12 +78,31 @@ def push(engine: Engine, registry: Registry, plan: TargetPlan, local: str) -> Pu
 
 
 def move_tags(registry: Registry, plan: TargetPlan, digest: str) -> Published:
-    """Point every readable tag at ``digest`` (already in the registry)."""
+    """Point every readable tag at ``digest`` (already in the registry), saying which tags move."""
     body, media_type = registry.manifest(plan.repository, digest)
-    for tag in plan.tags:
-        registry.put_tag(plan.repository, tag, body, media_type)
-        if registry.digest(plan.repository, tag) != digest:
-            raise PublishError(f"{registry.host}/{plan.repository}:{tag} does not point at {digest} after tagging")
+    where = {tag: registry.digest(plan.repository, tag) for tag in plan.tags}
+    behind = [tag for tag, at in where.items() if at != digest]
+    if behind and len(behind) < len(plan.tags):
+        log.warning(f"{registry.host}/{plan.repository}: readable tags point at different images: {_state(where)}")
+    for tag in behind:
+        log.info(f"  {plan.repository}:{tag}: {_short(where[tag])} -> {_short(digest)}")
+        try:
+            registry.put_tag(plan.repository, tag, body, media_type)
+            if registry.digest(plan.repository, tag) != digest:
+                raise PublishError(f"{registry.host}/{plan.repository}:{tag} does not point at {digest} after tagging")
+        except PublishError as exc:
+            raise PublishError(
+                f"{exc}. Readable tags now: {_state(where)}; rerun to finish the move (the image is pushed: nothing is rebuilt)"
+            ) from None
+        where[tag] = digest
     reference = f"{registry.host}/{plan.repository}@{digest}"
     log.info(f"published {reference} as {', '.join([plan.content_tag, *plan.tags])}")
     return Published(reference=reference, digest=digest, tags=(plan.content_tag, *plan.tags))
+
+
+def _short(digest: str | None) -> str:
+    return digest[:19] if digest else "(none)"
+
+
+def _state(where: dict[str, str | None]) -> str:
+    return ", ".join(f"{tag} -> {_short(at)}" for tag, at in where.items())

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder import gitrepo, log, matrix, patch, pipeline, plan, resolve
+from builder import fsutil, gitrepo, log, matrix, patch, pipeline, plan, resolve, runlock, yamlsrc
 from builder.errors import ConfigError
 from builder.externals import External
 from builder.matrix import GitSource, Target
@@ -75,11 +75,16 @@ def state_file(opts: Options) -> Path:
 def _load_state(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
+    delete = "delete it to start the rc lane afresh"
     try:
-        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not JSON ({exc}); delete it to start the rc lane afresh") from None
-    return data
+        data = json.loads(yamlsrc.read_text(path, "rc state file", 4 * 1024 * 1024))
+    except (ValueError, RecursionError) as exc:
+        raise ConfigError(f"{path}: not JSON ({str(exc)[:120]}); {delete}") from None
+    targets = data.get("targets", {}) if isinstance(data, dict) else None
+    if not isinstance(targets, dict) or not all(isinstance(t, dict) for t in targets.values()):
+        raise ConfigError(f"{path}: not an rc state file (no mapping of targets); {delete}")
+    state: dict[str, Any] = data
+    return state
 
 
 def remembered(state: dict[str, Any]) -> pipeline.TargetStage:
@@ -98,7 +103,7 @@ def remembered(state: dict[str, Any]) -> pipeline.TargetStage:
         log.info(
             f"{run.plan.id}: {candidate.ref} ({(candidate.commit or '')[:12]}) published {done.get('when', '')}; nothing to do"
         )
-        run.digest, run.status = done["digest"], "up to date"
+        run.digest, run.status = done["digest"], pipeline.Status.UP_TO_DATE
         run.patches = tuple(patch.Result(n, s, "remembered") for n, s in done.get("patches", {}).items())
         return False
 
@@ -125,7 +130,6 @@ class LaneResult:
 def rc(opts: Options, *, dry_run: bool = False, table_to_stderr: bool = False) -> LaneResult:
     """Find the newest candidate; patch-check it for every rc target; unless ``dry_run``, build,
     verify and publish it. Raises LaneFailed when a target fails (a conflict included)."""
-    start = time.monotonic()
     m = plan.load_matrix(opts)
     targets = plan.lane_targets(m, opts, "rc")
     repos = sorted({t.vllm.repo or m.upstreams["vllm"] for t in targets})
@@ -144,30 +148,37 @@ def rc(opts: Options, *, dry_run: bool = False, table_to_stderr: bool = False) -
     plans = [plan.plan_target(for_candidate(t, candidate, found), m.patches_dir, opts) for t in targets]
     runs = [TargetRun(p) for p in plans]
     path = state_file(opts)
-    state = _load_state(path)
-    # The patch check comes first here (the nightly looks for a published image first): saying
-    # whether the patches hold on a new candidate is this lane's first job.
-    full = (
-        remembered(state),
-        pipeline.check_patches,
-        pipeline.find_published,
-        pipeline.build_image,
-        pipeline.verify_image,
-        pipeline.publish_image,
-    )
-    stages: tuple[pipeline.TargetStage, ...] = (pipeline.check_patches,) if dry_run else full
-    with pipeline.open_registry(opts) as registry, tempfile.TemporaryDirectory(prefix="sparkbuild-rc-") as work:
-        ctx = Context(opts, registry, Path(work), m.patches_dir)
-        for i, run in enumerate(runs, 1):
-            with log.step(f"[{i}/{len(runs)}] {run.plan.id} at {candidate.tag}"):
-                pipeline.run_target(ctx, run, stages)
-    if not dry_run:
-        _remember(path, state, candidate, runs)
     result = LaneResult(candidate, runs, dry_run)
-    opts.out.mkdir(parents=True, exist_ok=True)
-    (opts.out / "rc.json").write_text(json.dumps(result.to_json(), indent=2) + "\n", encoding="utf-8")
     intro = f"Release candidate {candidate.tag} ({candidate.commit[:12]}), newest release {candidate.release or '-'}\n\n"
-    pipeline.report(opts, "rc", runs, time.monotonic() - start, table_to_stderr=table_to_stderr, intro=intro)
+    with runlock.run(opts.cache, wait=opts.wait):
+        state = _load_state(path)
+        # The patch check comes first here (the nightly looks for a published image first): saying
+        # whether the patches hold on a new candidate is this lane's first job.
+        full = (
+            remembered(state),
+            pipeline.check_patches,
+            pipeline.preflight_build,
+            pipeline.find_published,
+            pipeline.build_image,
+            pipeline.verify_image,
+            pipeline.publish_image,
+        )
+        stages: tuple[pipeline.TargetStage, ...] = (pipeline.check_patches,) if dry_run else full
+        try:
+            with (
+                pipeline.finishing(opts, "rc", runs, table_to_stderr=table_to_stderr, intro=intro),
+                pipeline.open_registry(opts) as registry,
+                tempfile.TemporaryDirectory(prefix="sparkbuild-rc-") as work,
+            ):
+                ctx = Context(opts, registry, Path(work), m.patches_dir)
+                if not dry_run:
+                    pipeline.check_disk(ctx, runs)
+                pipeline.run_lane(ctx, runs, stages, f" at {candidate.tag}")
+        finally:
+            # What was published is remembered whatever stopped the lane.
+            if not dry_run:
+                _remember(path, state, candidate, runs)
+            fsutil.write_text(opts.out / "rc.json", json.dumps(result.to_json(), indent=2) + "\n")
     return result
 
 
@@ -175,9 +186,13 @@ def _remember(path: Path, state: dict[str, Any], candidate: Candidate, runs: lis
     done = dict(state.get("targets", {}))
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     for run in runs:
-        if run.status not in ("published", "up to date") or run.digest is None:
+        if run.status not in pipeline.DONE or run.digest is None:
             continue
-        if run.status == "up to date" and run.plan.id in done and done[run.plan.id].get("commit") == candidate.commit:
+        if (
+            run.status == pipeline.Status.UP_TO_DATE
+            and run.plan.id in done
+            and done[run.plan.id].get("commit") == candidate.commit
+        ):
             continue
         done[run.plan.id] = {
             "tag": candidate.tag,
@@ -187,5 +202,4 @@ def _remember(path: Path, state: dict[str, Any], candidate: Candidate, runs: lis
             "patches": {r.patch: r.status for r in run.patches or ()},
             "when": when,
         }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"last_candidate": candidate.to_json(), "targets": done}, indent=2) + "\n", encoding="utf-8")
+    fsutil.write_text(path, json.dumps({"last_candidate": candidate.to_json(), "targets": done}, indent=2) + "\n")

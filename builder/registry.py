@@ -1,27 +1,37 @@
 """Registries: a small HTTP client for the distribution API, and the embedded registry.
 
 Publishing needs only three calls: the digest behind a tag, a manifest by digest, and putting a
-manifest under a new tag (moving a readable tag without pushing anything again).
+manifest under a new tag (moving a readable tag without pushing anything again). Each call is
+retried (tenacity) on what may pass: 408, 429 (as long as Retry-After asks, within a bound), 5xx,
+connection resets and timeouts; the limits are in ``defaults.yaml`` (``registry:``). Credentials go
+to the registry's own host, and to a token service only on that host or one allowed by name.
 """
 
 from __future__ import annotations
 
+import ctypes
+import email.utils
 import hashlib
+import ipaddress
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import requests
+import tenacity
 
-from builder import cmd, log
-from builder.errors import EngineError, PublishError, ToolMissingError
+from builder import __version__, cmd, fsutil, log, runlock, signals
+from builder.errors import ConfigError, EngineError, PublishError, ToolMissingError
 
 MANIFEST_TYPES = (
     "application/vnd.oci.image.index.v1+json",
@@ -29,94 +39,316 @@ MANIFEST_TYPES = (
     "application/vnd.docker.distribution.manifest.list.v2+json",
     "application/vnd.docker.distribution.manifest.v2+json",
 )
+USER_AGENT = f"sparkbuild/{__version__}"
+# Worth another try: the registry or something in front of it may recover.
+TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+# What each refusal means and what to do; these are never retried.
+REFUSED = {
+    400: "the registry refused the request as malformed (a repository or tag it does not accept?)",
+    401: "not authorized: set SPARKBUILD_REGISTRY_USER and SPARKBUILD_REGISTRY_PASSWORD, or check them",
+    403: "forbidden: these credentials may not do this on this repository; ask the registry's owner for access",
+    404: "not found: no such repository or manifest here; check --registry and the repository name",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """How hard to try (``defaults.yaml`` ``registry:``; the push limits also from the environment)."""
+
+    attempts: int
+    backoff_initial_s: float
+    backoff_max_s: float
+    retry_after_max_s: float
+    give_up_after_s: float
+    timeout_s: float
+    push_attempts: int
+    push_stall_s: float
+    push_deadline_s: float
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], **overrides: Any) -> Limits:
+        values = {**{k: data[k] for k in cls.__dataclass_fields__}, **overrides}
+        return cls(**values)
+
+
+def default_limits() -> Limits:
+    from builder import options  # options reads the defaults file and imports this module
+
+    return Limits.from_mapping(options.defaults()["registry"])
+
+
+def split_host(address: str) -> tuple[str, int | None]:
+    """``host[:port]`` (``[::1]:5000`` too) -> (host name or address, port); refuses anything else."""
+    try:
+        parts = urlsplit(f"//{address}")
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        host = port = None
+    if not host or parts.path or parts.query or parts.username or not re.fullmatch(r"[A-Za-z0-9.\-:\[\]]+", address):
+        raise ConfigError(f"registry '{address}': expected HOST or HOST:PORT, like 127.0.0.1:5000 or registry.example.com")
+    return host, port
+
+
+def is_loopback(address: str) -> bool:
+    """True for a loopback IP address (127.0.0.0/8, ::1) or the name ``localhost`` itself: parsed, so
+    ``127.0.0.1.nip.io`` and ``localhost.evil.example`` are not."""
+    host, _ = split_host(address)
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _authority(url: str) -> tuple[str, str, int]:
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return parts.scheme, (parts.hostname or "").lower(), port
+
+
+class _Transient(Exception):
+    """An answer worth another try (408, 429, 5xx); carries what Retry-After asked for."""
+
+    def __init__(self, response: requests.Response) -> None:
+        super().__init__(f"HTTP {response.status_code}")
+        self.response = response
+        self.retry_after = _retry_after(response.headers.get("Retry-After"))
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Retry-After in seconds: a number of seconds or an HTTP date."""
+    if not value:
+        return None
+    if value.strip().isdigit():
+        return float(value.strip())
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+class _Backoff(tenacity.wait.wait_base):
+    """Full-jitter exponential backoff; a Retry-After the registry sends is honoured up to a bound."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.jitter = tenacity.wait_random_exponential(multiplier=limits.backoff_initial_s, max=limits.backoff_max_s)
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> float:
+        wait = float(self.jitter(retry_state))
+        error = retry_state.outcome.exception() if retry_state.outcome else None
+        if isinstance(error, _Transient) and error.retry_after is not None:
+            wait = max(wait, min(error.retry_after, self.limits.retry_after_max_s))
+        return wait
+
+
+RETRIED = (_Transient, requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
+
+
+def _retried(error: BaseException) -> bool:
+    # A certificate problem stays a problem: only the network and the registry's mood pass.
+    return isinstance(error, RETRIED) and not isinstance(error, requests.exceptions.SSLError)
+
+
+def _say_retry(state: tenacity.RetryCallState, what: str, attempts: int) -> None:
+    error = state.outcome.exception() if state.outcome else None
+    wait = state.next_action.sleep if state.next_action else 0.0
+    reason = str(error) if isinstance(error, _Transient) else type(error).__name__
+    log.info(f"  {what}: {reason} (try {state.attempt_number} of {attempts}); trying again in {wait:.1f}s")
 
 
 @dataclass(frozen=True)
 class Registry:
-    """A registry at ``host`` (``127.0.0.1:5000``); plain HTTP on loopback, HTTPS elsewhere."""
+    """A registry at ``host`` (``127.0.0.1:5000``); plain HTTP only on loopback, HTTPS elsewhere."""
 
     host: str
-    username: str | None = None
-    password: str | None = None
+    username: str | None = field(default=None, repr=False)
+    password: str | None = field(default=None, repr=False)
+    limits: Limits = field(default_factory=default_limits, repr=False)
+    # Token services other than the registry's own host that may receive its credentials.
+    token_hosts: tuple[str, ...] = ()
 
     @classmethod
-    def parse(cls, address: str) -> Registry:
-        host = address.removeprefix("http://").removeprefix("https://").rstrip("/")
-        return cls(host, os.environ.get("SPARKBUILD_REGISTRY_USER"), os.environ.get("SPARKBUILD_REGISTRY_PASSWORD"))
+    def parse(cls, address: str, limits: Limits | None = None, token_hosts: tuple[str, ...] = ()) -> Registry:
+        host = check_address(address)
+        return cls(
+            host,
+            os.environ.get("SPARKBUILD_REGISTRY_USER"),
+            os.environ.get("SPARKBUILD_REGISTRY_PASSWORD"),
+            limits or default_limits(),
+            token_hosts,
+        )
 
     @property
     def base_url(self) -> str:
-        loopback = self.host.startswith(("127.", "localhost", "[::1]"))
-        return f"{'http' if loopback else 'https'}://{self.host}/v2"
+        return f"{'http' if is_loopback(self.host) else 'https'}://{self.host}/v2"
 
     @property
     def _auth(self) -> tuple[str, str] | None:
         return (self.username, self.password) if self.username and self.password else None
 
-    def _request(self, method: str, url: str, headers: dict[str, str] | None = None, **kwargs: object) -> requests.Response:
-        """One request; a ``WWW-Authenticate: Bearer realm=...,service=...,scope=...`` challenge
-        (Docker Hub, nvcr.io, ghcr.io) is answered with a token from that realm and the request repeated once."""
+    def _request(
+        self, method: str, url: str, what: str, headers: dict[str, str] | None = None, **kwargs: Any
+    ) -> requests.Response:
+        """One call, tried again on what may pass; what fails for good is a PublishError saying what it was."""
+        stop = tenacity.stop_after_attempt(self.limits.attempts) | tenacity.stop_after_delay(self.limits.give_up_after_s)
+        retrying = tenacity.Retrying(
+            stop=stop,
+            wait=_Backoff(self.limits),
+            retry=tenacity.retry_if_exception(_retried),
+            before_sleep=lambda state: _say_retry(state, what, self.limits.attempts),
+            reraise=True,
+        )
+        start = time.monotonic()
         try:
-            response = requests.request(method, url, auth=self._auth, headers=headers, timeout=60, **kwargs)  # type: ignore[arg-type]
-            challenge = response.headers.get("WWW-Authenticate", "")
-            if response.status_code == 401 and challenge.lower().startswith("bearer "):
-                bearer = {**(headers or {}), "Authorization": f"Bearer {self._bearer_token(challenge)}"}
-                response = requests.request(method, url, headers=bearer, timeout=60, **kwargs)  # type: ignore[arg-type]
+            for attempt in retrying:
+                with attempt:
+                    response = self._exchange(method, url, headers or {}, **kwargs)
+                    if response.status_code in TRANSIENT_STATUS:
+                        raise _Transient(response)
+        except _Transient as exc:
+            tries = retrying.statistics.get("attempt_number", 1)
+            raise PublishError(
+                f"registry {self.host}: {what} still gave HTTP {exc.response.status_code} after {tries} tries in "
+                f"{time.monotonic() - start:.0f}s{_errors(exc.response)}; it may be overloaded or out of disk "
+                "(its log says which); rerun later"
+            ) from None
         except requests.RequestException as exc:
-            raise PublishError(f"registry {self.host} did not answer: {exc}") from None
+            raise PublishError(
+                f"registry {self.host}: {what} failed: {type(exc).__name__}: {str(exc)[:200]}; "
+                "check that it runs and that this machine reaches it, then rerun"
+            ) from None
+        return response
+
+    def _exchange(self, method: str, url: str, headers: dict[str, str], **kwargs: Any) -> requests.Response:
+        """One HTTP exchange; a ``WWW-Authenticate: Bearer realm=...`` challenge (Docker Hub, nvcr.io,
+        ghcr.io) is answered with a token from that realm and the request repeated once."""
+        headers = {"User-Agent": USER_AGENT, **headers}
+        timeout = self.limits.timeout_s
+        response = requests.request(method, url, auth=self._auth, headers=headers, timeout=timeout, **kwargs)
+        challenge = response.headers.get("WWW-Authenticate", "")
+        if response.status_code == 401 and challenge.lower().startswith("bearer "):
+            bearer = {**headers, "Authorization": f"Bearer {self._bearer_token(challenge)}"}
+            response = requests.request(method, url, headers=bearer, timeout=timeout, **kwargs)
         return response
 
     def _bearer_token(self, challenge: str) -> str:
-        """A token from the challenge's realm: anonymous, or with this registry's credentials."""
+        """A token from the challenge's realm: with this registry's credentials only where they may go."""
         fields = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
         realm = fields.pop("realm", "")
-        if not realm:
-            raise PublishError(f"registry {self.host} asked for a token without a realm: {challenge}")
-        response = requests.get(realm, params=fields, auth=self._auth, timeout=60)
+        scheme, host, _ = _authority(realm)
+        if scheme not in ("http", "https") or not host:
+            raise PublishError(f"registry {self.host} asked for a token from '{realm}', which is not an http(s) URL")
+        if scheme == "http" and not is_loopback(urlsplit(realm).netloc):
+            raise PublishError(
+                f"registry {self.host} asked for a token over plain HTTP from {realm}; refused (plain HTTP only on loopback)"
+            )
+        auth = self._auth if self._may_send_credentials(realm) else None
+        if self._auth and auth is None:
+            log.warning(
+                f"registry {self.host}: its credentials are not sent to the token service {realm} (another host); "
+                f"if that service is the registry's own, allow it by name: SPARKBUILD_TOKEN_REALMS={host}"
+            )
+        headers = {"User-Agent": USER_AGENT}
+        response = requests.get(realm, params=fields, auth=auth, headers=headers, timeout=self.limits.timeout_s)
+        if response.status_code in TRANSIENT_STATUS:
+            raise _Transient(response)
         if response.status_code != 200:
             raise PublishError(f"token service {realm} gave HTTP {response.status_code} for {fields.get('scope', '')}")
-        data = response.json()
-        return str(data.get("token") or data.get("access_token") or "")
+        try:
+            data = response.json()
+        except ValueError:
+            raise PublishError(f"token service {realm} answered with something that is not JSON") from None
+        return str(data.get("token") or data.get("access_token") or "") if isinstance(data, dict) else ""
+
+    def _may_send_credentials(self, realm: str) -> bool:
+        """The registry's own scheme, host and port, or a host named in ``token_hosts``."""
+        if _authority(realm) == _authority(self.base_url):
+            return True
+        netloc = urlsplit(realm).netloc.lower()
+        host = (urlsplit(realm).hostname or "").lower()
+        return any(allowed.lower() in (netloc, host) for allowed in self.token_hosts)
 
     def ping(self) -> bool:
+        """The registry answers ``GET /v2/`` (200, or 401 before credentials), after retries."""
         try:
-            return requests.get(f"{self.base_url}/", timeout=2).status_code in (200, 401)
+            return self._request("GET", f"{self.base_url}/", "GET /v2/").status_code in (200, 401)
+        except PublishError:
+            return False
+
+    def answers(self) -> bool:
+        """One quick ``GET /v2/`` without retries (waiting for a registry to start)."""
+        try:
+            return requests.get(f"{self.base_url}/", timeout=2, headers={"User-Agent": USER_AGENT}).status_code in (200, 401)
         except requests.RequestException:
             return False
 
     def digest(self, repository: str, reference: str) -> str | None:
-        """The manifest digest behind a tag, or None when the tag does not exist."""
+        """The manifest digest behind a tag, or None when the tag does not exist (404)."""
+        what = f"HEAD {repository}:{reference}"
         response = self._request(
-            "HEAD", f"{self.base_url}/{repository}/manifests/{reference}", headers={"Accept": ", ".join(MANIFEST_TYPES)}
+            "HEAD", f"{self.base_url}/{repository}/manifests/{reference}", what, headers={"Accept": ", ".join(MANIFEST_TYPES)}
         )
         if response.status_code == 404:
             return None
         if response.status_code != 200:
-            raise PublishError(f"registry {self.host}: HEAD {repository}:{reference} gave HTTP {response.status_code}")
-        return response.headers["Docker-Content-Digest"]
+            raise self._refused(response, what)
+        digest = response.headers.get("Docker-Content-Digest", "")
+        if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+            raise PublishError(f"registry {self.host}: {what} answered without a sha256 Docker-Content-Digest header")
+        return digest
 
     def manifest(self, repository: str, digest: str) -> tuple[bytes, str]:
         """A manifest by digest, checked against that digest."""
+        what = f"GET {repository}@{digest}"
         response = self._request(
-            "GET", f"{self.base_url}/{repository}/manifests/{digest}", headers={"Accept": ", ".join(MANIFEST_TYPES)}
+            "GET", f"{self.base_url}/{repository}/manifests/{digest}", what, headers={"Accept": ", ".join(MANIFEST_TYPES)}
         )
         if response.status_code != 200:
-            raise PublishError(f"registry {self.host}: GET {repository}@{digest} gave HTTP {response.status_code}")
+            raise self._refused(response, what)
         body = response.content
         actual = "sha256:" + hashlib.sha256(body).hexdigest()
         if actual != digest:
             raise PublishError(f"registry {self.host} served {repository}@{digest} with content digest {actual}")
-        return body, response.headers["Content-Type"]
+        return body, response.headers.get("Content-Type", MANIFEST_TYPES[-1])
 
     def put_tag(self, repository: str, tag: str, body: bytes, media_type: str) -> str:
+        what = f"PUT {repository}:{tag}"
         response = self._request(
-            "PUT", f"{self.base_url}/{repository}/manifests/{tag}", data=body, headers={"Content-Type": media_type}
+            "PUT", f"{self.base_url}/{repository}/manifests/{tag}", what, data=body, headers={"Content-Type": media_type}
         )
         if response.status_code not in (200, 201):
-            raise PublishError(
-                f"registry {self.host}: PUT {repository}:{tag} gave HTTP {response.status_code}: {response.text[:300]}"
-            )
+            raise self._refused(response, what)
         return response.headers.get("Docker-Content-Digest", "")
+
+    def _refused(self, response: requests.Response, what: str) -> PublishError:
+        meaning = REFUSED.get(response.status_code, "an answer sparkbuild does not expect here")
+        return PublishError(f"registry {self.host}: {what} gave HTTP {response.status_code}{_errors(response)}: {meaning}")
+
+
+def _errors(response: requests.Response) -> str:
+    """The registry's own error codes and messages (``{"errors": [{"code", "message"}]}``), if any."""
+    try:
+        found = response.json().get("errors") or []
+        text = "; ".join(f"{e.get('code', '')} {e.get('message', '')}".strip() for e in found if isinstance(e, dict))
+    except (ValueError, AttributeError):
+        text = ""
+    return f" ({text[:200]})" if text else ""
+
+
+def check_address(address: str) -> str:
+    """``host[:port]`` of a registry, from the command line or SPARKBUILD_REGISTRY; a scheme may be
+    given, but plain HTTP only for loopback."""
+    scheme, _, rest = address.rpartition("://")
+    host = rest.rstrip("/")
+    split_host(host)
+    if scheme not in ("", "http", "https"):
+        raise ConfigError(f"registry '{address}': the scheme is http:// or https://")
+    if scheme == "http" and not is_loopback(host):
+        raise ConfigError(f"registry '{address}': plain HTTP only to a loopback address; drop http:// to use HTTPS")
+    return host
 
 
 def free_port() -> int:
@@ -139,39 +371,71 @@ http:
 """
 
 
+def _die_with_parent() -> None:
+    """In the registry's process, before exec: SIGTERM it when sparkbuild dies, even by kill -9."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+PR_SET_PDEATHSIG = 1
+
+
 @contextmanager
-def embedded(data: Path) -> Iterator[Registry]:
-    """Run Debian's ``docker-registry`` on 127.0.0.1 with its data in ``data``; stop it after."""
+def embedded(data: Path, limits: Limits | None = None) -> Iterator[Registry]:
+    """Run Debian's ``docker-registry`` on 127.0.0.1 with its data in ``data``; stop it after.
+
+    One registry at a time uses a data folder (a lock beside its storage), with its own config;
+    it runs in its own session (a Ctrl-C reaches sparkbuild, which stops it) and dies with
+    sparkbuild if sparkbuild is killed.
+    """
     binary = shutil.which("docker-registry")
     if binary is None:
         raise ToolMissingError(
             "no registry configured and docker-registry is not installed: "
             "apt-get install docker-registry, or set SPARKBUILD_REGISTRY=host:port"
         )
-    port = free_port()
-    (data / "storage").mkdir(parents=True, exist_ok=True)
-    config = data / "config.yml"
-    config.write_text(CONFIG.format(root=data / "storage", port=port))
-    args = [binary, "serve", str(config)]
-    log.info(cmd.show(args))
-    with (data / "registry.log").open("ab") as sink:
-        proc = subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT)
-    registry = Registry(f"127.0.0.1:{port}")
+    with runlock.hold(data / "registry.lock", f"the embedded registry's storage in {data}"):
+        for attempt in range(3):  # the free port may be taken before the registry binds it
+            port = free_port()
+            (data / "storage").mkdir(parents=True, exist_ok=True)
+            config = data / "config.yml"
+            fsutil.write_text(config, CONFIG.format(root=data / "storage", port=port))
+            args = [binary, "serve", str(config)]
+            log.info(cmd.show(args))
+            held = signals.Held()
+            with held, (data / "registry.log").open("ab") as sink:
+                proc = subprocess.Popen(
+                    args, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent
+                )
+            registry = Registry(f"127.0.0.1:{port}", limits=limits or default_limits())
+            try:
+                held.deliver()
+                if _started(proc, registry):
+                    log.info(f"embedded registry at {registry.host} (data in {data})")
+                    yield registry
+                    return
+            finally:
+                _stop(proc)
+            log.warning(f"embedded registry did not start on port {port} (try {attempt + 1} of 3)")
+        raise EngineError(f"embedded registry did not start; see {data / 'registry.log'}")
+
+
+def _started(proc: subprocess.Popen[bytes], registry: Registry) -> bool:
+    deadline = time.monotonic() + 30
+    while not registry.answers():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
     try:
-        deadline = time.monotonic() + 30
-        while not registry.ping():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise EngineError(f"embedded registry did not start; see {data / 'registry.log'}")
-            time.sleep(0.1)
-        log.info(f"embedded registry at {registry.host} (data in {data})")
-        yield registry
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 # --- resolving an image name to its digest ---------------------------------------------------

@@ -124,6 +124,7 @@ def _one(engine: Engine, m: Matrix, target: Target, opts: Options, url: str | No
         p = plan.plan_target(rehearsed, m.patches_dir, opts)
         result.status = "preflight"
         result.preflight = build.run_preflight(engine, p, opts)
+        result.preflight.require()
         result.status = "building"
         outcome = build.build(engine, p, opts, check_first=False)
         result.image, result.stages = outcome.image, outcome.stages

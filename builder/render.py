@@ -27,6 +27,7 @@ from typing import Any
 
 import jinja2
 
+from builder import fsutil
 from builder.errors import ConfigError
 
 SUFFIX = ".Dockerfile.j2"
@@ -57,6 +58,8 @@ class Rendered:
 
 def profile_dir(dockerfiles: Path, profile: str) -> Path:
     folder = dockerfiles / profile
+    if folder.is_dir():
+        fsutil.files(folder)  # refuses symlinks out of the profile folder
     if not folder.is_dir() or not stage_templates(folder):
         raise ConfigError(f"{folder}: no stage templates (NN-<stage>{SUFFIX}) for profile '{profile}'")
     return folder
@@ -125,6 +128,8 @@ def _render_one(
         if wanted in resources:
             files.update(resources[wanted])
         elif (folder / wanted).is_file() and not wanted.endswith(SUFFIX):
+            if not (folder / wanted).resolve().is_relative_to(folder.resolve()):
+                raise ConfigError(f"{path}: file('{wanted}') is outside {folder} (a symlink or '..'); keep stage files in it")
             files[wanted] = (folder / wanted).read_bytes()
         else:
             known = sorted([*resources, *(p.name for p in folder.iterdir() if p.is_file() and not p.name.endswith(SUFFIX))])

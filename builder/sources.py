@@ -91,8 +91,7 @@ def vllm_sdist(version: str, cache: Path) -> Path:
     if stamp.is_file():
         return tree
     archive = _download(version, cache)
-    _unpack(archive, tree, top=f"vllm-{version}")
-    stamp.write_text(archive.name + "\n", encoding="utf-8")
+    _unpack(archive, tree, top=f"vllm-{version}", stamp=(stamp.name, archive.name + "\n"))
     return tree
 
 
@@ -182,12 +181,14 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _unpack(archive: Path, tree: Path, top: str) -> None:
+def _unpack(archive: Path, tree: Path, top: str, stamp: tuple[str, str]) -> None:
     with _staged(tree, top) as staging:
         with tarfile.open(archive) as tar:
             tar.extractall(staging, filter="data")
         if not (staging / top / "CMakeLists.txt").is_file():
             raise SourceError(f"{archive}: no {top}/CMakeLists.txt inside; not a vLLM source archive")
+        # The stamp is inside before the rename: a tree with a stamp is always whole.
+        (staging / top / stamp[0]).write_text(stamp[1], encoding="utf-8")
 
 
 @contextmanager
@@ -196,13 +197,18 @@ def _staged(tree: Path, top: str = "") -> Iterator[Path]:
     when the block succeeds, so a half-unpacked tree never exists; on failure ``tree`` is left as is."""
     tree.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=tree.parent, prefix=".unpack-"))
+    aside: Path | None = None
     try:
         yield staging
         if tree.exists():
-            shutil.rmtree(tree)
+            # A half tree of an older sparkbuild, or one a concurrent run just finished: set it aside first.
+            aside = Path(tempfile.mkdtemp(dir=tree.parent, prefix=".old-"))
+            tree.rename(aside / tree.name)
         (staging / top).rename(tree)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
 
 
 def tree_version(tree: Path) -> str | None:

@@ -7,6 +7,7 @@ the line, the key, and the nearest known name.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -32,14 +33,54 @@ def type_name(value: Any) -> str:
         return "a list"
     if isinstance(value, dict):
         return "a mapping"
-    return f"a string ({value!r})"
+    if not isinstance(value, str):
+        return f"a {type(value).__name__} ({value}); quote it to make it a string"
+    return f"a string ({value[:60]!r})"
+
+
+# Never wanted in a configuration value: they end lines in Dockerfiles, labels and logs.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+_LINE_BREAK = re.compile(r"[\n\t]")
 
 
 def text(doc: Located, path: DocPath, value: Any) -> str:
+    """A non-empty string; new lines and tabs are allowed (prose), other control characters are not."""
     if isinstance(value, str) and value:
+        if _CONTROL.search(value):
+            raise doc.fail(path, f"{value[:60]!r} has a control character; remove it")
         return value
     hint = f'; quote it: "{value}"' if isinstance(value, int | float) and not isinstance(value, bool) else ""
     raise doc.fail(path, f"expected a non-empty string, got {type_name(value)}{hint}")
+
+
+def line(doc: Located, path: DocPath, value: Any) -> str:
+    """A non-empty string on one line: what lands in a Dockerfile, a label, a tag or a command."""
+    word = text(doc, path, value)
+    if _LINE_BREAK.search(word):
+        raise doc.fail(path, f"{word[:60]!r} spans lines or has a tab; write it on one line")
+    return word
+
+
+def pattern(regex: str, what: str, example: str) -> Validator:
+    """A one-line string matching ``regex`` entirely (ASCII), described as ``what``."""
+    compiled = re.compile(regex, re.ASCII)
+
+    def check(doc: Located, path: DocPath, value: Any) -> str:
+        word = line(doc, path, value)
+        if compiled.fullmatch(word) is None:
+            raise doc.fail(path, f"{word[:80]!r} is not {what} (for example {example})")
+        return word
+
+    return check
+
+
+def opt(check: Validator) -> Validator:
+    """``check``, or None for a null value."""
+
+    def optional(doc: Located, path: DocPath, value: Any) -> Any:
+        return None if value is None else check(doc, path, value)
+
+    return optional
 
 
 def opt_text(doc: Located, path: DocPath, value: Any) -> str | None:

@@ -30,6 +30,16 @@ bases:
 """
 
 
+PATCH_YAML = """\
+summary: test patch {name}
+why: a patch folder for the matrix tests
+component: vllm
+versions: ">=0.1"
+upstream: {{links: []}}
+change: {{diff: fix.diff}}
+"""
+
+
 class MatrixWriter(Protocol):
     def __call__(self, body: str, with_checks: bool = True) -> Path: ...
 
@@ -39,10 +49,10 @@ def write_matrix(tmp_path: Path) -> MatrixWriter:
     """Write a matrix (checks and bases are prepended unless given) with a patches/ folder beside it."""
 
     def write(body: str, with_checks: bool = True) -> Path:
-        (tmp_path / "patches" / "one").mkdir(parents=True, exist_ok=True)
-        (tmp_path / "patches" / "one" / "fix.diff").write_text("--- a\n+++ b\n")
-        (tmp_path / "patches" / "two").mkdir(exist_ok=True)
-        (tmp_path / "patches" / "two" / "fix.diff").write_text("two\n")
+        for name, diff in (("one", "--- a\n+++ b\n"), ("two", "two\n")):
+            (tmp_path / "patches" / name).mkdir(parents=True, exist_ok=True)
+            (tmp_path / "patches" / name / "fix.diff").write_text(diff)
+            (tmp_path / "patches" / name / "patch.yaml").write_text(PATCH_YAML.format(name=name))
         text = (CHECKS if with_checks else "") + textwrap.dedent(body)
         path = tmp_path / "matrix.yaml"
         path.write_text(text)

@@ -74,7 +74,7 @@ def test_the_source_stage_fetches_pinned_commits_and_applies_the_patches(
     opts = Options.from_env(matrix=spark_matrix(tmp_path, url, commits), cache=cache, out=tmp_path / "out")
     (p,) = plan.make(opts)
     stage = next(s for s in p.stages if s.name == "vllm")
-    context = build.write_context(p, stage, tmp_path / "context")
+    context = build.write_context(p, stage, tmp_path / "context", tmp_path)
     engine.build(
         context=context,
         tag="sparkbuild-test/source-stage:1",

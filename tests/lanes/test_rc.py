@@ -55,7 +55,7 @@ def test_rc_lane_checks_builds_verifies_publishes_and_then_does_nothing(
     assert first["candidate"]["tag"] == "v0.34.0rc1" and first["candidate"]["newest_release"] == "v0.33.0"
     (row,) = first["targets"]
     assert row["patches"] == {"cmake-arch-sm121": "applies", "e2m1-software": "conflict"}
-    assert row["status"] == "failed (checking patches)" and "sparkbuild bisect" in row["error"]
+    assert (row["status"], row["failed_at"]) == ("failed", "checking patches") and "sparkbuild bisect" in row["error"]
     assert row["commit"] == upstream.shas["docs"]
 
     # Upstream reverts it and tags v0.34.0rc2: the lane checks, builds, verifies and publishes it.

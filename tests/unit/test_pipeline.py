@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from builder import log, patch, pipeline, plan
+from builder.errors import BuildError
 from builder.options import Options
+from builder.registry import Registry
 from builder.verify import Answer, Bench, VerifyResult
 from tests.conftest import ROOT
 
 
-def a_run(status: str) -> pipeline.TargetRun:
+def a_run(status: pipeline.Status) -> pipeline.TargetRun:
     (p,) = plan.make(Options.from_env(matrix=ROOT / "matrix.yaml", date="20261121", profile="local"))
     result = VerifyResult(
         image="img",
@@ -35,7 +38,7 @@ def a_run(status: str) -> pipeline.TargetRun:
 
 
 def test_summary_table_has_one_row_per_target() -> None:
-    table = pipeline.summary_table([a_run("published")])
+    table = pipeline.summary_table([a_run(pipeline.Status.PUBLISHED)])
     header, rule, row = table.splitlines()
     columns = [cell.strip() for cell in header.split("|")[1:-1]]
     assert columns == ["target", "vLLM", "commit", "patches", "image tag", "digest", "verify", "status", "time"]
@@ -45,7 +48,7 @@ def test_summary_table_has_one_row_per_target() -> None:
 
 
 def test_the_table_shows_each_patch_status_and_the_commit() -> None:
-    run = a_run("published")
+    run = a_run(pipeline.Status.PUBLISHED)
     (spark,) = plan.make(Options.from_env(matrix=ROOT / "matrix.yaml", only=("vllm-0.19.0-*",)))
     run.plan = spark
     run.patches = (
@@ -66,22 +69,44 @@ def test_step_summary_goes_to_github(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert summary.read_text() == "| a |\n| b |\n"
 
 
-def test_a_failed_stage_is_recorded_and_the_rest_skipped() -> None:
-    from builder.errors import BuildError
+def a_context(tmp_path: Path) -> pipeline.Context:
+    opts = Options.from_env(matrix=ROOT / "matrix.yaml", out=tmp_path / "out", cache=tmp_path / "cache")
+    return pipeline.Context(opts, Registry("127.0.0.1:9"), tmp_path / "work", ROOT / "patches")
 
-    run = pipeline.TargetRun(a_run("pending").plan)
+
+def test_a_failed_stage_is_recorded_and_the_rest_skipped(tmp_path: Path) -> None:
+    run = pipeline.TargetRun(a_run(pipeline.Status.PENDING).plan)
     calls: list[str] = []
 
     def fails(ctx: pipeline.Context, r: pipeline.TargetRun) -> bool:
         calls.append("fails")
-        r.status = "building"
+        r.status = pipeline.Status.BUILDING
         raise BuildError("compiler ran out of memory")
 
     def never(ctx: pipeline.Context, r: pipeline.TargetRun) -> bool:
         calls.append("never")
         return True
 
-    pipeline.run_target(None, run, (fails, never))  # type: ignore[arg-type]
+    pipeline.run_target(a_context(tmp_path), run, (fails, never))
     assert calls == ["fails"]
-    assert run.status == "failed (building)"
+    assert (run.status, run.failed_at) == (pipeline.Status.FAILED, pipeline.Status.BUILDING)
     assert run.error == "compiler ran out of memory"
+    assert run.row()["status"] == "failed" and run.row()["failed_at"] == "building"
+    assert "compiler ran out of memory" in (tmp_path / "out" / run.plan.id / "error.log").read_text()
+    assert "failed (building)" in pipeline.summary_table([run])
+
+
+def test_ctrl_c_in_a_target_stops_the_lane_and_the_summary_says_so(tmp_path: Path) -> None:
+    # A stage function stands in for the moment a Ctrl-C lands; the real signal is in tests/integration/test_interrupt.py.
+    runs = [pipeline.TargetRun(a_run(pipeline.Status.PENDING).plan) for _ in range(2)]
+
+    def interrupted(ctx: pipeline.Context, r: pipeline.TargetRun) -> bool:
+        r.status = pipeline.Status.VERIFYING
+        raise KeyboardInterrupt
+
+    ctx = a_context(tmp_path)
+    with pytest.raises(KeyboardInterrupt), pipeline.finishing(ctx.opts, "nightly", runs, table_to_stderr=True):
+        pipeline.run_lane(ctx, runs, (interrupted,))
+    rows = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [(r["status"], r["failed_at"]) for r in rows] == [("interrupted", "verifying"), ("not run", "pending")]
+    assert {r["status"] for r in rows} <= {s.value for s in pipeline.Status}

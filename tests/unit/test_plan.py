@@ -124,10 +124,10 @@ def test_the_dockerfile_template_is_an_input(write_matrix: MatrixWriter, tmp_pat
     path = write_matrix(TWO_TARGETS)
     dockerfiles = tmp_path / "dockerfiles"
     subprocess.run(["cp", "-r", str(ROOT / "dockerfiles"), str(dockerfiles)], check=True)
-    before = {p.id: p.content_tag for p in plan.make(Options.from_env(matrix=path, dockerfiles=dockerfiles, date="1"))}
+    before = {p.id: p.content_tag for p in plan.make(Options.from_env(matrix=path, dockerfiles=dockerfiles, date="20260101"))}
     template = dockerfiles / "local" / "10-torch.Dockerfile.j2"  # an earlier stage: the image moves too
     template.write_text(template.read_text() + "LABEL extra=1\n")
-    after = {p.id: p.content_tag for p in plan.make(Options.from_env(matrix=path, dockerfiles=dockerfiles, date="1"))}
+    after = {p.id: p.content_tag for p in plan.make(Options.from_env(matrix=path, dockerfiles=dockerfiles, date="20260101"))}
     assert all(after[k] != before[k] for k in before)
 
 
@@ -137,7 +137,7 @@ def test_a_missing_template_variable_is_an_error(write_matrix: MatrixWriter, tmp
     (dockerfiles / "local").mkdir(parents=True)
     (dockerfiles / "local" / "90-runtime.Dockerfile.j2").write_text("FROM {{ base_imgae }}\n")
     with pytest.raises(ConfigError, match="'base_imgae' is undefined"):
-        plan.make(Options.from_env(matrix=path, dockerfiles=dockerfiles, date="1"))
+        plan.make(Options.from_env(matrix=path, dockerfiles=dockerfiles, date="20260101"))
 
 
 def test_readable_tag_clash_is_an_error(write_matrix: MatrixWriter) -> None:

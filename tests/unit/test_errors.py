@@ -1,0 +1,53 @@
+"""One exit-code table: every failure has its own code in ``errors.EXIT_CODES``, and the README says the same."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pkgutil
+import re
+
+import builder
+from builder import errors
+from tests.conftest import ROOT, run_sparkbuild
+
+
+def readme_table() -> dict[int, str]:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("### Exit codes", 1)[1].split("\n#", 1)[0]
+    return {int(m[1]): m[2].strip() for m in re.finditer(r"^\| (\d+) \| (.+) \|$", section, re.MULTILINE)}
+
+
+def test_the_readme_table_is_the_one_in_errors() -> None:
+    assert readme_table() == errors.EXIT_CODES
+
+
+def test_every_failure_class_has_its_own_code_in_the_table() -> None:
+    for module in pkgutil.iter_modules(builder.__path__):
+        importlib.import_module(f"builder.{module.name}")
+    found = set()
+    todo = list(errors.FatalError.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        found.add(cls)
+        todo += cls.__subclasses__()
+    assert found == set(errors.ERRORS)
+    codes = [e.exit_code for e in errors.ERRORS]
+    assert len(codes) == len(set(codes))
+    assert 1 not in errors.EXIT_CODES  # no bare exit 1: each failure says which it is
+    assert {errors.OK, errors.INTERNAL, errors.INTERRUPTED} <= set(errors.EXIT_CODES)
+
+
+def test_nothing_raises_the_base_class_or_exits_with_a_number_of_its_own() -> None:
+    for path in sorted((ROOT / "builder").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and isinstance(node.exc.func, ast.Name):
+                assert node.exc.func.id != "FatalError", f"{path.name}:{node.lineno} raises the base class"
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "sys.exit" and node.args:
+                assert not isinstance(node.args[0], ast.Constant), f"{path.name}:{node.lineno}: sys.exit with a literal"
+
+
+def test_a_usage_mistake_is_exit_2_like_any_invalid_input() -> None:
+    result = run_sparkbuild("plan", "--no-such-option", env={})
+    assert result.returncode == 2
+    assert "No such option" in result.stderr and "Traceback" not in result.stderr
