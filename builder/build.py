@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -113,7 +112,7 @@ def build(
         if plan.target.compile == "rehearse":
             log.info(f"{plan.id}: rehearsal: no compiled extensions in the image; preflight checked the patched units")
         else:
-            check_binaries(engine, local_ref(plan), plan.target.arch_list, opts.out / plan.id)
+            check_binaries(engine, local_ref(plan), plan.target.gpu, opts.out / plan.id)
     result = BuildResult(image=local_ref(plan), stages=tuple(outcomes), preflight=report)
     out = opts.out / plan.id
     out.mkdir(parents=True, exist_ok=True)
@@ -187,7 +186,7 @@ def run_preflight(engine: Engine, plan: TargetPlan, opts: Options) -> preflight.
             target=PREFLIGHT_TARGET,
             output=folder,
         )
-    report = preflight.read(folder, plan.id, plan.target.arch_list)
+    report = preflight.read(folder, plan.id, plan.target.gpu)
     preflight.save(report, folder)
     return report
 
@@ -223,8 +222,8 @@ def _build_stage(engine: Engine, plan: TargetPlan, stage: StagePlan, opts: Optio
         )
 
 
-def check_binaries(engine: Engine, image: str, arch_list: str, out: Path) -> tuple[binaries.FileReport, ...]:
-    """Run check-binary on vLLM's compiled extensions in the image, for the newest arch asked for.
+def check_binaries(engine: Engine, image: str, gpu: str, out: Path) -> tuple[binaries.FileReport, ...]:
+    """Run check-binary on vLLM's compiled extensions in the image, for the GPU the image is for.
 
     The image's build-time check wrote where vLLM is installed (``installed.json``).
     """
@@ -232,7 +231,7 @@ def check_binaries(engine: Engine, image: str, arch_list: str, out: Path) -> tup
         info = engine.copy_out(image, "/opt/sparkbuild/installed.json", Path(tmp))
         vllm_path = json.loads(info.read_text())["vllm_path"]
         folder = engine.copy_out(image, vllm_path, Path(tmp) / "image")
-        device = binaries.Arch.parse(re.split(r"[;\s,]+", arch_list.strip())[-1])
+        device = binaries.Arch.parse(gpu)
         reports = binaries.check([folder], device)
         shown = binaries.table(reports, device).replace(str(folder), vllm_path)
     log.info(shown)

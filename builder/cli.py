@@ -226,7 +226,8 @@ def verify_cmd(
 
     opts = make_options(matrix=matrix)
     engine = Engine()
-    target_id = (engine.inspect(image)["Config"].get("Labels") or {}).get("io.sparkbuild.target")
+    labels = engine.inspect(image)["Config"].get("Labels") or {}
+    target_id = labels.get("io.sparkbuild.target")
     targets = matrix_mod.load(opts.matrix).targets
     checks = {t.check.name: t.check for t in targets}
     by_target = {t.id: t.check for t in targets}
@@ -241,7 +242,10 @@ def verify_cmd(
     folder = model_dir or model.ensure(opts.cache, check.model)
     out = result or opts.out / (target_id or "image") / "verify.json"
     try:
-        res = verify.verify(engine, image, check, folder, out)
+        # A Spark image (it names the GPU it is for) serves on the GPU; a CPU image does not.
+        res = verify.verify(
+            engine, image, check, folder, out, gpus="io.sparkbuild.gpu" in labels and labels.get("io.sparkbuild.cuda") != "none"
+        )
     except VerifyError:
         if as_json and out.is_file():
             click.echo(out.read_text())

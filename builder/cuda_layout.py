@@ -19,6 +19,8 @@ import shutil
 import sys
 from pathlib import Path
 
+# The README's exit codes (this script runs in the image, without builder.errors).
+USAGE, BUILD = 2, 5
 # Python package files of the wheels, not part of a toolkit.
 _SKIP = ("__init__.py", "__pycache__")
 
@@ -70,17 +72,17 @@ def _link_libraries(toolkit: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python3 -m builder.cuda_layout NVIDIA_DIR DEST", file=sys.stderr)
-        return 2
+        print("usage: python3 cuda_layout.py NVIDIA_DIR DEST", file=sys.stderr)
+        return USAGE
     nvidia, dest = Path(args[0]), Path(args[1])
     if not nvidia.is_dir():
         print(f"error: {nvidia}: no such folder; pip installs CUDA wheels under site-packages/nvidia", file=sys.stderr)
-        return 2
+        return USAGE
     try:
         count = lay_out(nvidia, dest, copy=False)
     except LayoutError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return BUILD
     print(f"{dest}: {count} files of {nvidia} laid out as a CUDA toolkit ({os.fspath(dest / 'bin')})")
     return 0
 

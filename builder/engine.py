@@ -111,6 +111,21 @@ class Container:
         return data.decode(errors="replace")
 
 
+GPU_HELP = (
+    "this image serves on the GPU: run it where Docker has the NVIDIA Container Toolkit "
+    "(on a DGX Spark it is installed; elsewhere: nvidia-ctk runtime configure --runtime=docker)"
+)
+
+
+def gpu_options(gpus: bool) -> dict[str, Any]:
+    """What the SDK is asked for a server that uses the GPU, as NVIDIA's DGX Spark playbook runs
+    vLLM (``--gpus all --ipc host``): every GPU, and the host's IPC namespace for NCCL and torch's
+    shared memory. Nothing for a CPU server."""
+    if not gpus:
+        return {}
+    return {"device_requests": [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])], "ipc_mode": "host"}
+
+
 class Engine:
     def __init__(self) -> None:
         try:
@@ -292,10 +307,14 @@ class Engine:
         mounts: Mapping[Path, str] = {},
         environment: Mapping[str, str] = {},
         shm_size: str = "1g",
+        gpus: bool = False,
     ) -> Iterator[Container]:
-        """Start a detached container on the host network; always remove it on the way out."""
+        """Start a detached container on the host network (with every GPU when ``gpus``); always
+        remove it on the way out."""
         volumes = {str(src): {"bind": dst, "mode": "ro"} for src, dst in mounts.items()}
         shown = ["docker", "run", "--detach", "--name", name, "--network", "host", "--shm-size", shm_size]
+        if gpus:
+            shown += ["--gpus", "all", "--ipc", "host"]
         for src, dst in mounts.items():
             shown += ["--volume", f"{src}:{dst}:ro"]
         for key, value in environment.items():
@@ -314,11 +333,13 @@ class Engine:
                     shm_size=shm_size,
                     volumes=volumes,
                     environment=dict(environment),
+                    **gpu_options(gpus),
                 )
         except docker.errors.APIError as exc:
             if exc.status_code != 409:  # created but not started (409: the name is another container's)
                 self._remove(name)
-            raise EngineError(f"could not start a container from {image}: {exc.explanation}") from None
+            hint = f"; {GPU_HELP}" if gpus and "device driver" in str(exc.explanation) else ""
+            raise EngineError(f"could not start a container from {image}: {exc.explanation}{hint}") from None
         try:
             held.deliver()
             yield Container(sdk)

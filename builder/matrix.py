@@ -187,6 +187,8 @@ class Target:
     build_jobs: BuildJobs
     serve: Serve
     arch_list: str
+    # The GPU the image is for (12.1: the DGX Spark's GB10); what preflight and check-binary judge by.
+    gpu: str
     patches: tuple[str, ...]
     check: Check
     repository: str
@@ -347,6 +349,13 @@ def _git(component: str) -> validate.Validator:
     return check
 
 
+def _gpu(doc: Located, path: DocPath, value: Any) -> str:
+    text = validate.text(doc, path, value)
+    if not re.fullmatch(r"\d{1,2}\.\d", text):
+        raise doc.fail(path, f"'{text}' is not a compute capability like \"12.1\" (the DGX Spark's GB10)")
+    return text
+
+
 def _build_jobs(doc: Located, path: DocPath, value: Any) -> BuildJobs:
     spec = validate.mapping(doc, path, value, ("max_jobs", "nvcc_threads"))
     return BuildJobs(**{k: validate.positive_int(doc, (*path, k), v) for k, v in spec.items() if v is not None})
@@ -416,6 +425,7 @@ TARGET_KEYS: dict[str, validate.Validator] = {
     "build_jobs": _build_jobs,
     "serve": _serve,
     "arch_list": _arch_list,
+    "gpu": _gpu,
     "patches": validate.list_of(_patch_name),
     "check": _name,
     "repository": _repository,
@@ -656,6 +666,7 @@ def _target(
         build_jobs=values["build_jobs"],
         serve=values["serve"],
         arch_list=values["arch_list"],
+        gpu=values["gpu"],
         patches=values["patches"],
         check=check,
         repository=values["repository"],

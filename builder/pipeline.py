@@ -176,7 +176,8 @@ def verify_image(ctx: Context, run: TargetRun) -> bool:
     run.status = Status.VERIFYING
     check = run.plan.target.check
     model_dir = model.ensure(ctx.opts.cache, check.model)
-    run.result = verify.verify(ctx.engine, run.image, check, model_dir, ctx.opts.out / run.plan.id / "verify.json")
+    gpus = run.plan.target.profile == "spark"
+    run.result = verify.verify(ctx.engine, run.image, check, model_dir, ctx.opts.out / run.plan.id / "verify.json", gpus=gpus)
     return True
 
 

@@ -346,6 +346,7 @@ def labels(target: Target, base_identity: str, patches: dict[str, str], content_
         "io.sparkbuild.cuda": target.cuda or "none",
         "io.sparkbuild.torch": target.torch,
         "io.sparkbuild.arch-list": target.arch_list,
+        "io.sparkbuild.gpu": target.gpu,
         "io.sparkbuild.base": base_identity,
         "io.sparkbuild.check": target.check.name,
     }

@@ -5,9 +5,9 @@ runs vLLM's own CMake configure for the target's arch list and compiles the unit
 changed. Here, on the host, sparkbuild reads what it exported:
 
 - the audit: every CUDA translation unit of ``compile_commands.json`` with the code it will get
-  (``-gencode`` / ``--generate-code``), judged by check-binary's rule for the target GPU (the last
-  arch of the list): a unit with no code that runs there fails, named; PTX-only units are listed
-  apart (the driver JIT-compiles them on first load);
+  (``-gencode`` / ``--generate-code``), judged by check-binary's rule for the target's GPU
+  (``gpu:``, the Spark's 12.1): a unit with no code that runs there fails, named; PTX-only units
+  are listed apart (the driver JIT-compiles them on first load);
 - the patched units: each must compile, and its object must carry code for the GPU (cuobjdump).
 
 A failure stops the target before the compile; the report goes to the summary and to
@@ -31,11 +31,6 @@ _GENCODE = re.compile(r"arch=compute_(\w+?),code=\[?([\w,]+)\]?")
 _ARCH = re.compile(r"^(\d+?)(\d)([af]?)$")
 _LIBRARY = re.compile(r"CMakeFiles/([^/]+)\.dir/")
 Verdict = Literal["sass", "ptx-only", "none"]
-
-
-def device_of(arch_list: str) -> Arch:
-    """The GPU the image must run on: the last (newest) entry of the arch list."""
-    return Arch.parse(re.split(r"[;\s,]+", arch_list.strip())[-1])
 
 
 def _arch(text: str) -> Arch:
@@ -212,11 +207,11 @@ class Report:
         )
 
 
-def read(folder: Path, target: str, arch_list: str) -> Report:
-    """The report of what a preflight-report build exported into ``folder``."""
+def read(folder: Path, target: str, gpu: str) -> Report:
+    """The report of what a preflight-report build exported into ``folder``, judged for ``gpu``."""
     data = json.loads((folder / "preflight.json").read_text(encoding="utf-8"))
     commands = json.loads((folder / "compile_commands.json").read_text(encoding="utf-8"))
-    device = device_of(arch_list)
+    device = Arch.parse(gpu)
     compiled = []
     for entry in data["compiled"]:
         codes: tuple[Code, ...] = ()

@@ -17,6 +17,8 @@ import os
 import sys
 from pathlib import Path
 
+# The README's exit code for invalid input (this script runs in the image, without builder.errors).
+USAGE = 2
 # Short spellings vLLM's argument parser accepts for an option.
 ALIASES = {"-O": "--compilation-config", "-cc": "--compilation-config", "-tp": "--tensor-parallel-size"}
 
@@ -62,7 +64,8 @@ def merge(defaults: list[str], args: list[str]) -> list[str]:
 
 def main(argv: list[str]) -> None:
     if len(argv) < 2:
-        sys.exit("usage: serve_defaults.py DEFAULTS.json COMMAND... [ARGS...]")
+        print("usage: serve_defaults.py DEFAULTS.json COMMAND... [ARGS...]", file=sys.stderr)
+        sys.exit(USAGE)
     defaults_file, command = Path(argv[0]), argv[1:]
     defaults: list[str] = json.loads(defaults_file.read_text(encoding="utf-8")) if defaults_file.is_file() else []
     # The command is "vllm serve"; everything after it is the user's.

@@ -77,8 +77,9 @@ class VerifyResult:
         return data
 
 
-def verify(engine: Engine, image: str, check: Check, model: Path, result_file: Path) -> VerifyResult:
-    """Run the check against ``image``; writes ``result_file`` and raises on a wrong answer."""
+def verify(engine: Engine, image: str, check: Check, model: Path, result_file: Path, *, gpus: bool = False) -> VerifyResult:
+    """Run the check against ``image`` (given every GPU when ``gpus``: a Spark image); writes
+    ``result_file`` and raises on a wrong answer."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [
@@ -92,7 +93,7 @@ def verify(engine: Engine, image: str, check: Check, model: Path, result_file: P
         *check.serve_args,
     ]
     name = f"sparkbuild-verify-{secrets.token_hex(4)}"
-    with engine.run(image, command, name=name, mounts={model.resolve(): "/model"}) as container:
+    with engine.run(image, command, name=name, mounts={model.resolve(): "/model"}, gpus=gpus) as container:
         with log.step(f"Waiting for {image} to serve on {url}"):
             startup = wait_healthy(container, url, check.startup_timeout)
         answers = tuple(ask(url, prompt) for prompt in check.prompts)

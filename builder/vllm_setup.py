@@ -34,6 +34,10 @@ def _helpers(module: ast.Module) -> tuple[str, ...]:
     )
 
 
+# The README's exit code for an invalid input (this script runs in the image, without builder.errors).
+USAGE = 2
+
+
 class SetupError(Exception):
     """setup.py of this tree lacks a function sparkbuild relies on, or it failed; the message says which."""
 
@@ -119,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         found = requirements(args.source, args.cuda)
     except SetupError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return USAGE
     text = "\n".join(found) + "\n"
     if args.out is not None:
         args.out.write_text(text, encoding="utf-8")

@@ -12,6 +12,7 @@ The arguments mirror vLLM's ``setup.py`` (``cmake_build_ext.configure``).
 """
 
 import argparse
+import concurrent.futures
 import json
 import os
 import pathlib
@@ -185,9 +186,12 @@ def main() -> None:
         if e["file"].endswith(".cu")
         and touches(pathlib.Path(e["file"]), include_dirs(entry_args(e), pathlib.Path(e["directory"])), changed, source, cache)
     ]  # fmt: skip
-    print("preflight: %d CUDA units include a patched file; compiling them" % len(units), flush=True)
+    # As many at once as the compile will run: vLLM's MAX_JOBS // NVCC_THREADS.
+    workers = max(1, int(os.environ.get("MAX_JOBS", "1")) // int(os.environ.get("NVCC_THREADS", "1")))
+    print("preflight: %d CUDA units include a patched file; compiling them, %d at once" % (len(units), workers), flush=True)
     start = time.monotonic()
-    compiled = [compile_unit(e, args.out, i) for i, e in enumerate(units)]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        compiled = list(pool.map(lambda item: compile_unit(item[1], args.out, item[0]), enumerate(units)))
     report = {
         "source": str(args.source),
         "configure_seconds": round(seconds, 1),

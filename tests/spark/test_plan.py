@@ -17,6 +17,7 @@ from builder import build, matrix, plan, toolchain
 from builder.errors import ConfigError
 from builder.matrix import BuildJobs
 from builder.options import Options
+from builder.registry import Registry
 from tests.conftest import ROOT
 
 GIB = toolchain.GIB
@@ -42,39 +43,43 @@ def plans(tmp_path: Path, **kw: object) -> dict[str, plan.TargetPlan]:
 
 
 @pytest.mark.parametrize(
-    ("free_gb", "cores", "expected"),
+    ("free_gb", "cores", "arch_list", "expected"),
     [
-        (120, 20, (10, 2)),  # a Spark with most of its 128 GB free: 22 slots of 5 GB, 20 cores
-        (24, 2, (2, 1)),  # a CI-sized machine: 3 slots, fewer jobs than slots because of cores
-        (24, 16, (3, 1)),  # memory, not cores, is the limit
-        (10, 64, (1, 1)),  # almost nothing free: still one job
-        (1000, 8, (4, 2)),  # memory to spare: cores are the limit
+        # (MAX_JOBS, NVCC_THREADS, parallel compiles) as vLLM's setup.py will run them
+        (120, 20, "12.1a", (20, 1, 20)),  # a Spark: one arch, so one nvcc thread and a compile per core
+        (24, 2, "12.1a", (2, 1, 2)),  # a CI-sized machine: cores are the limit
+        (24, 16, "12.1a", (3, 1, 3)),  # memory, not cores, is the limit: 3 slots of 5 GB
+        (10, 64, "12.1a", (1, 1, 1)),  # almost nothing free: still one compile
+        (1000, 8, "12.0a;12.1a", (8, 2, 4)),  # two archs: nvcc compiles them in parallel, 2 threads each
     ],
 )
-def test_build_jobs_give_each_nvcc_thread_five_gb(free_gb: int, cores: int, expected: tuple[int, int]) -> None:
-    jobs = toolchain.build_jobs(free_gb * GIB, cores)
-    assert (jobs.max_jobs, jobs.nvcc_threads) == expected
-    assert jobs.max_jobs * jobs.nvcc_threads * toolchain.GB_PER_NVCC_THREAD <= max(free_gb - toolchain.RESERVED_GB, 5)
+def test_build_jobs_are_sized_in_vllms_terms(free_gb: int, cores: int, arch_list: str, expected: tuple[int, int, int]) -> None:
+    jobs = toolchain.build_jobs(free_gb * GIB, cores, arch_list)
+    assert (jobs.max_jobs, jobs.nvcc_threads, jobs.compiles) == expected
+    assert jobs.compiles * jobs.nvcc_threads * toolchain.GB_PER_NVCC_THREAD <= max(free_gb - toolchain.RESERVED_GB, 5)
+    assert jobs.compiles * jobs.nvcc_threads <= cores
 
 
 def test_the_matrix_overrides_either_value() -> None:
-    assert toolchain.build_jobs(120 * GIB, 20, BuildJobs(max_jobs=4)).max_jobs == 4
-    jobs = toolchain.build_jobs(120 * GIB, 20, BuildJobs(nvcc_threads=4))
-    assert (jobs.max_jobs, jobs.nvcc_threads) == (5, 4)
+    assert toolchain.build_jobs(120 * GIB, 20, "12.1a", BuildJobs(max_jobs=4)).max_jobs == 4
+    jobs = toolchain.build_jobs(120 * GIB, 20, "12.1a", BuildJobs(nvcc_threads=4))
+    assert (jobs.max_jobs, jobs.nvcc_threads, jobs.compiles) == (20, 4, 5)
     assert "build_jobs" in jobs.why
+    # vLLM divides what the matrix sets: MAX_JOBS=10 with 2 threads is 5 compiles.
+    assert toolchain.build_jobs(120 * GIB, 20, "12.1a", BuildJobs(max_jobs=10, nvcc_threads=2)).compiles == 5
 
 
 def test_the_plan_shows_the_jobs_and_keeps_them_out_of_the_tags(tmp_path: Path) -> None:
     big, small = plans(tmp_path), plans(tmp_path, build_memory=24 * GIB, build_cores=2)
     target = "vllm-0.19.0-cu129-sm121"
-    assert big[target].build_args()["MAX_JOBS"] == "10" and small[target].build_args()["MAX_JOBS"] == "2"
+    assert big[target].build_args()["MAX_JOBS"] == "20" and small[target].build_args()["MAX_JOBS"] == "2"
     assert big[target].content_tag == small[target].content_tag
     assert [s.ref for s in big[target].stages] == [s.ref for s in small[target].stages]
     env = {**os.environ, "SPARKBUILD_BUILD_MEMORY_GB": "120", "SPARKBUILD_BUILD_CORES": "20"}
     out = subprocess.run(
         [BIN / "sparkbuild", "plan", "--profile", "spark"], capture_output=True, text=True, check=True, env=env
     ).stdout
-    assert "jobs:    MAX_JOBS=10 NVCC_THREADS=2" in out
+    assert "jobs:    MAX_JOBS=20 NVCC_THREADS=1: 20 parallel compiles" in out
 
 
 # --- FlashInfer's arch list ----------------------------------------------------------------
@@ -161,12 +166,14 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path]]:
 
 
 def froms(dockerfile: str) -> list[tuple[str, str | None]]:
-    """(image, stage name) of every FROM, platform flags dropped."""
+    """(image, stage name) of every FROM, platform flags dropped, global ARG defaults filled in."""
+    args = dict(re.findall(r"^ARG (\w+)=(\S+)$", dockerfile, re.MULTILINE))
     found = []
     for line in dockerfile.splitlines():
         match = re.match(r"^FROM\s+(?:--platform=\S+\s+)?(\S+)(?:\s+AS\s+(\S+))?", line)
         if match:
-            found.append((match[1], match[2]))
+            image = re.sub(r"\$\{(\w+)\}", lambda m: args[m[1]], match[1])
+            found.append((image, match[2]))
     return found
 
 
@@ -186,7 +193,13 @@ def test_every_from_is_pinned_by_digest_or_made_here(rendered: dict[str, list[Pa
             names: set[str] = set()
             for image, name in froms(text):
                 if image in names or image == "scratch":
+                    names.add(name or "")
                     continue  # an earlier stage of this file, or the empty image that exports wheels
+                if name and name.startswith("sparkbuild-stage-"):
+                    # An earlier stage image, by content-addressed reference (a build may qualify it with a registry).
+                    assert re.fullmatch(r"sparkbuild/stages:[a-z-]+-[0-9a-f]{16}", image), (folder, image)
+                    names.add(name)
+                    continue
                 if target.endswith("cpu-amd64"):
                     # The local profile's base is made here by debootstrap and named by its recipe's hash.
                     assert re.fullmatch(r"sparkbuild/base:[a-z0-9.-]+-[0-9a-f]{16}", image), (folder, image)
@@ -225,26 +238,68 @@ def test_no_secret_is_a_build_argument_and_caches_are_mounts(rendered: dict[str,
     assert "--mount=type=cache,target=/root/.cache/ccache,sharing=locked" in vllm and "ccache --show-stats" in vllm
 
 
-def test_the_runtime_keeps_cuda_torch_and_ships_no_compiler(rendered: dict[str, list[Path]]) -> None:
+def test_the_runtime_keeps_cuda_torch_and_carries_what_serving_compiles(rendered: dict[str, list[Path]]) -> None:
     text = (rendered["vllm-0.33.0-cu130-sm121"][2] / "Dockerfile").read_text()
-    (runtime_from,) = froms(text)
-    assert runtime_from[0].startswith("nvidia/cuda:13.0.2-runtime-ubuntu24.04@sha256:")
-    assert 'echo "torch==2.14.0+cu130" > /opt/sparkbuild/constraints.txt' in text
+    assert [image for image, _ in froms(text) if "nvidia/cuda" in image] == [
+        "nvidia/cuda:13.0.2-runtime-ubuntu24.04@sha256:6a0e31b59e70890446f2c17356d6efc0d54260090a8c63d6ca7c2ad049db95d2"
+    ]
+    assert 'echo "torch==2.14.0" > /opt/sparkbuild/constraints.txt' in text
     assert "pip install --progress-bar off --constraint /opt/sparkbuild/constraints.txt" in text
-    assert "ENV TRITON_PTXAS_PATH=/opt/sparkbuild/bin/ptxas" in text
-    assert "check_image.py --vllm-version 0.33.0" in text and "--torch 2.14.0+cu130 --cuda 13.0" in text
-    assert "nvcc" not in text.replace("no compilers", "") and "build-essential" not in text
+    # Triton's driver stub and the JIT compilers need a C/C++ compiler and Python's headers.
+    packages = re.search(r"apt-get install --yes --no-install-recommends ([^\n]+?) \\", text)[1].split()  # type: ignore[index]
+    assert {"gcc", "g++", "libc6-dev", "python3-dev"} <= set(packages)
+    # ...CUDA's compiler and headers of the image's CUDA version, for FlashInfer and DeepGEMM...
+    assert '"cuda-toolkit[nvcc,cccl,cudart,nvrtc,cublas,curand]==13.0.*"' in text and "ENV CUDA_HOME=/opt/sparkbuild/cuda" in text
+    # ...vLLM's own requirements (torchvision, torchaudio, torchcodec at vLLM's pins), and multi-node serving.
+    assert "--requirement /wheels/vllm/vllm-requirements.txt" in text and '"ray[cgraph]>=2.48.0"' in text
+    assert {"libibverbs1", "ibverbs-providers", "librdmacm1"} <= set(packages)
+    assert "ENV CUDA_HOME=/opt/sparkbuild/cuda" in text and "TRITON_PTXAS_PATH=/opt/sparkbuild/bin/ptxas" in text
+    assert "check_image.py --vllm-version 0.33.0" in text and "--torch 2.14.0 --cuda 13.0" in text
+    assert "build-essential" not in text and "ccache" not in text  # no build toolchain beyond what serving runs
     older = (rendered["vllm-0.19.0-cu129-sm121"][2] / "Dockerfile").read_text()
     assert "COPY --from=nvidia/cuda:13.0.2-devel-ubuntu24.04@sha256:" in older  # CUDA 13's ptxas on a 12.9 image
+    assert '"cuda-toolkit[nvcc,cccl,cudart,nvrtc,cublas,curand]==12.9.*"' in older
 
 
-def test_serve_defaults_are_the_default_command_and_a_label(rendered: dict[str, list[Path]], tmp_path: Path) -> None:
-    text = (rendered["vllm-0.19.0-cu129-sm121"][2] / "Dockerfile").read_text()
-    cmd = json.loads(re.search(r"^CMD (.*)$", text, re.MULTILINE)[1])  # type: ignore[index]
-    assert cmd[:6] == ["--gpu-memory-utilization", "0.75", "--max-num-seqs", "16", "--max-model-len", "32768"]
-    assert json.loads(cmd[7]) == {"cudagraph_capture_sizes": [1, 2, 4, 5, 8, 10, 16]}
+def test_serve_defaults_are_applied_by_the_entrypoint_and_shown_in_a_label(
+    rendered: dict[str, list[Path]], tmp_path: Path
+) -> None:
+    folder = rendered["vllm-0.19.0-cu129-sm121"][2]
+    text = (folder / "Dockerfile").read_text()
+    entrypoint = json.loads(re.search(r"^ENTRYPOINT (.*)$", text, re.MULTILINE)[1])  # type: ignore[index]
+    assert entrypoint == ["python3", "/opt/sparkbuild/serve_defaults.py", "/opt/sparkbuild/serve-defaults.json", "vllm", "serve"]
+    assert not re.search(r"^CMD ", text, re.MULTILINE)  # a CMD would be replaced, not added to
+    defaults = json.loads((folder / "serve-defaults.json").read_text())
+    assert defaults[:6] == ["--gpu-memory-utilization", "0.75", "--max-num-seqs", "16", "--max-model-len", "32768"]
+    assert json.loads(defaults[7]) == {"cudagraph_capture_sizes": [1, 2, 4, 5, 8, 10, 16]}
     label = plans(tmp_path)["vllm-0.19.0-cu129-sm121"].labels["io.sparkbuild.serve"]
     assert label.startswith("--gpu-memory-utilization 0.75 --max-num-seqs 16")
+
+
+def test_labels_name_the_base_the_image_is_built_from(tmp_path: Path) -> None:
+    labels = plans(tmp_path)["vllm-0.33.0-cu130-sm121"].labels
+    assert labels["org.opencontainers.image.base.name"].startswith("nvidia/cuda:13.0.2-runtime-ubuntu24.04@sha256:")
+    assert labels["io.sparkbuild.build-base"].startswith("nvidia/cuda:13.0.2-devel-ubuntu24.04@sha256:")
+    assert labels["io.sparkbuild.gpu"] == "12.1"
+
+
+def test_stages_enter_a_dockerfile_through_build_arguments_any_builder_can_resolve(
+    rendered: dict[str, list[Path]], tmp_path: Path
+) -> None:
+    """The Dockerfile names an earlier stage by a global ARG whose default is its local name; with a
+    registry the build passes the registry-qualified name, and the stage's hash does not change."""
+    text = (rendered["vllm-0.33.0-cu130-sm121"][2] / "Dockerfile").read_text()
+    assert re.search(r"^ARG SPARKBUILD_STAGE_VLLM=sparkbuild/stages:vllm-[0-9a-f]{16}$", text, re.MULTILINE)
+    assert "FROM ${SPARKBUILD_STAGE_VLLM} AS sparkbuild-stage-vllm" in text
+    assert "from=sparkbuild-stage-vllm," in text and "from=sparkbuild/stages:" not in text
+    p = plans(tmp_path)["vllm-0.33.0-cu130-sm121"]
+    runtime = p.stages[-1]
+    qualified = build.stage_args(p, runtime, Registry("127.0.0.1:5000"))
+    assert qualified == {
+        "SPARKBUILD_STAGE_FLASHINFER": f"127.0.0.1:5000/{p.stages[0].ref}",
+        "SPARKBUILD_STAGE_VLLM": f"127.0.0.1:5000/{p.stages[1].ref}",
+    }
+    assert build.stage_args(p, runtime, None) == {}
 
 
 def test_hadolint_passes_every_rendered_dockerfile(rendered: dict[str, list[Path]]) -> None:
