@@ -12,8 +12,6 @@ from typing import Any
 
 import yaml
 
-from builder import toolchain
-
 
 @cache
 def defaults() -> dict[str, Any]:
@@ -58,6 +56,8 @@ class Options:
     @classmethod
     def from_env(cls, **overrides: Any) -> Options:
         """Defaults, then SPARKBUILD_* variables, then ``overrides`` (the command line) where not None."""
+        from builder import toolchain  # it reads the matrix types: only what plans builds needs them
+
         root = project_root()
         d = defaults()["options"]
         env = os.environ

@@ -21,6 +21,7 @@ from builder import __version__, base_image, lock, matrix, patch, render, toolch
 from builder.errors import ConfigError
 from builder.matrix import Target
 from builder.options import Options
+from builder.patch import bundle as patch_bundle
 
 # Bump when the meaning of the inputs changes, so every tag moves once.
 PLAN_FORMAT = 1
@@ -28,8 +29,6 @@ STEPS = ("base", "build", "verify", "publish")
 
 
 STAGE_REPOSITORY = "sparkbuild/stages"
-# The patch engine as it runs inside a source stage: these modules and nothing that needs Docker.
-PATCH_ENGINE = ("__init__", "cmd", "errors", "log", "patch", "patch_rules", "validate", "yamlsrc")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -294,8 +293,8 @@ def resources(target: Target, patches_dir: Path) -> dict[str, render.Files]:
         patch_files += [
             (f"patches/{name}/{f.relative_to(folder)}", f.read_bytes()) for f in sorted(folder.rglob("*")) if f.is_file()
         ]
-    package = Path(__file__).resolve().parent
-    engine = [(f"sparkbuild/builder/{m}.py", (package / f"{m}.py").read_bytes()) for m in PATCH_ENGINE]
+    # The patch engine as a source stage runs it: the modules builder.patch.bundle derives.
+    engine = [(f"sparkbuild/{path}", data) for path, data in patch_bundle.files()]
     return {"patches": tuple(patch_files), "sparkbuild": tuple(engine)}
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from builder import patch_rules
+from builder.patch import cmake
+from builder.patch.rules import cmake_arch_sm121
 from tests.patches.conftest import VERSIONS, TreeFactory
 
 # Archs whose code runs on sm_121: its own cubins, plain or family 12.0 (same major, binary
@@ -29,7 +30,7 @@ def cmake_files(tree: Path) -> list[Path]:
 def arch_lists(path: Path) -> list[tuple[int, list[str]]]:
     """(line, items) of every quoted list in the arch commands of a file."""
     found = []
-    for c in patch_rules.cmake_commands(path.read_text()):
+    for c in cmake.commands(path.read_text()):
         if c.name in ("cuda_archs_loose_intersection", "list", "set"):
             items = [i for q in re.findall(r'"([^"]*)"', c.args) for i in q.split(";")]
             found.append((c.line, items))
@@ -47,11 +48,11 @@ def test_every_list_with_120a_has_121a(version: str, patched: TreeFactory) -> No
 @pytest.mark.parametrize("version", VERSIONS)
 def test_supported_archs_have_121_where_family_targets_do_not_cover_it(version: str, patched: TreeFactory) -> None:
     text = (patched(version) / "CMakeLists.txt").read_text()
-    branches = [c for c in patch_rules.cmake_commands(text) if c.name == "set" and "CUDA_SUPPORTED_ARCHS" in c.args]
+    branches = [c for c in cmake.commands(text) if c.name == "set" and "CUDA_SUPPORTED_ARCHS" in c.args]
     assert branches
     for c in branches:
         items = re.findall(r'"([^"]*)"', c.args)[0].split(";")
-        if "12.0" in items and (c.cuda_min is None or c.cuda_min < patch_rules.FAMILY_CUDA):
+        if "12.0" in items and (c.cuda_min is None or c.cuda_min < cmake_arch_sm121.FAMILY_CUDA):
             assert "12.1" in items, f"line {c.line}: {items}"
 
 
@@ -90,7 +91,7 @@ def active_lists(text: str, cuda: float) -> tuple[str, dict[str, str]]:
     """CUDA_SUPPORTED_ARCHS and each kernel list that a build with this CUDA version uses."""
     frames: list[tuple[bool, bool]] = []  # (branch active, some branch taken) per open if()
     supported, lists = "", {}
-    for c in patch_rules.cmake_commands(text):
+    for c in cmake.commands(text):
         parent = all(active for active, _ in frames)
         if c.name == "if":
             cond = _holds(c.args, cuda)

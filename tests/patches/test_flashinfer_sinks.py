@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from builder import patch, patch_rules, sources
+from builder import patch, sources
+from builder.patch.rules import flashinfer_sinks_sm12x as rule
 from builder.options import Options
 from tests.patches.conftest import PATCHES, TreeFactory
 
-BACKEND = patch_rules.FI_BACKEND
+BACKEND = rule.BACKEND
 BACKPORTED = ("0.12.0", "0.16.0", "0.19.0")
 
 
@@ -99,25 +100,48 @@ def test_patched_backend_compiles_and_gates_on_sm12x(version: str, patched: Tree
     assert "self.sinks_on_sm12x = self.has_sinks and (not can_use_trtllm) and sparkbuild_sm12x_sinks()" in ast.unparse(module)
     # The paths other GPUs take are the original text, only moved into an else branch.
     old = (pristine(version) / BACKEND).read_text()
-    assert old.count(patch_rules._RUN) == 1
-    assert text.count("                    else:\n" + textwrap.indent(patch_rules._RUN, "    ")) == 1
+    run = native_prefill_run(old)
+    assert text.count("                    else:\n" + textwrap.indent(run, "    ")) == 1
     assert 'assert get_kv_cache_layout() == "HND" or sparkbuild_sm12x_sinks()' in text
     assert text.count("raise NotImplementedError(\n") == old.count("raise NotImplementedError(\n")
 
 
+def native_prefill_run(text: str) -> str:
+    """The lines of the unpatched prefill call other GPUs make: prefill_wrapper.run(..., k_scale=...)."""
+    blocks = [m.group(0) for m in re.finditer(r"(?m)^( +)prefill_wrapper\.run\(\n(?:.*\n)*?\1\)\n", text)]
+    (found,) = [b for b in blocks if "k_scale=" in b]
+    return found
+
+
 def test_0_11_0_and_0_33_0(pristine: TreeFactory) -> None:
     report = patch.check(pristine("0.11.0"), patch.load(PATCHES, ("flashinfer-sinks-sm12x",)), "0.11.0")
-    assert [(r.status, r.detail) for r in report.results] == [("not-applicable", "0.11.0 is outside >=0.12")]
+    [result] = report.results
+    assert (result.status, result.detail.split(":")[0]) == ("not-applicable", "0.11.0 is outside >=0.11.1")
+    assert "FlashInfer 0.3.1" in result.detail and "no BatchAttentionWithAttentionSinkWrapper" in result.detail
     report = patch.check(pristine("0.33.0"), patch.load(PATCHES, ("flashinfer-sinks-sm12x",)), "0.33.0")
     (result,) = report.results
     assert result.status == "upstream" and "is_device_capability_family(120)" in result.detail
 
 
-def test_a_moved_decode_call_is_a_conflict_naming_the_region(tree_copy: TreeFactory) -> None:
+def test_a_decode_call_gone_elsewhere_is_a_conflict_naming_it(tree_copy: TreeFactory) -> None:
+    """The rule finds statements by what they are, so reformatting does not break it; a decode that
+    no longer goes through trtllm_batch_decode_with_kv_cache does, and says where."""
+    tree = tree_copy("0.19.0")
+    backend = tree / BACKEND
+    text = backend.read_text().replace("trtllm_batch_decode_with_kv_cache(\n", "xqa_batch_decode_with_kv_cache(\n")
+    backend.write_text(text.replace("q_len_per_req=q_len_per_req,\n", "q_len_per_req=q_len_per_req\n"))
+    report = patch.check(tree, patch.load(PATCHES, ("flashinfer-sinks-sm12x",)), "0.19.0")
+    (result,) = report.results
+    assert (result.status, result.detail) == (
+        "conflict",
+        f"{BACKEND}: forward: expected one trtllm_batch_decode_with_kv_cache(...), found 0",
+    )
+
+
+def test_reformatted_calls_still_apply(tree_copy: TreeFactory, pristine: TreeFactory) -> None:
+    """A call whose keyword arguments moved (as between releases) is found all the same."""
     tree = tree_copy("0.19.0")
     backend = tree / BACKEND
     backend.write_text(backend.read_text().replace("q_len_per_req=q_len_per_req,\n", "q_len_per_req=q_len,\n"))
-    report = patch.check(tree, patch.load(PATCHES, ("flashinfer-sinks-sm12x",)), "0.19.0")
-    (result,) = report.results
-    assert result.status == "conflict"
-    assert result.detail.startswith(f"{BACKEND}: region 'decode layout'")
+    (result,) = patch.check(tree, patch.load(PATCHES, ("flashinfer-sinks-sm12x",)), "0.19.0").results
+    assert result.status == "applies"

@@ -20,13 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from builder import binaries, patch, patch_rules, sources
+from builder import binaries, patch, sources
+from builder.patch import cmake
+from builder.patch.rules import mxfp4_cutlass_sm12x as rule
 from builder.options import Options
 from tests.patches.conftest import PATCHES, TreeFactory
 from tests.patches.test_e2m1 import nvcc, torch_include
 
-GEMM = patch_rules.MXFP4_GEMM
-QUANT = patch_rules.MXFP4_QUANT
+GEMM = f"csrc/quantization/fp4/{rule.GEMM}"
+QUANT = f"csrc/quantization/fp4/{rule.QUANT}"
 CUTLASS_WHEEL = "nvidia_cutlass-4.2.0.0-py3-none-any.whl"
 CUBLAS_VERSION = "13.10.0.20"
 SM121A = "arch=compute_121a,code=sm_121a"
@@ -53,13 +55,13 @@ def function(text: str, name: str) -> str:
 @pytest.mark.parametrize("version", ["0.11.0", "0.19.0"])
 def test_versions_without_the_cutlass_mxfp4_moe_are_not_applicable(version: str, pristine: TreeFactory) -> None:
     (result,) = only_mxfp4(pristine(version), version).results
-    assert (result.status, result.detail) == ("not-applicable", f"no {GEMM}: this version has no CUTLASS MXFP4 MoE")
+    assert (result.status, result.detail) == ("not-applicable", f"no {rule.GEMM} under csrc/: this version has no CUTLASS MXFP4 MoE")
 
 
 def test_patched_0_33_0_dispatches_sm12x_to_an_sm120_kernel(patched: TreeFactory, pristine: TreeFactory) -> None:
     tree, before = patched("0.33.0"), pristine("0.33.0")
     gemm = (tree / GEMM).read_text()
-    sm120 = function(gemm, patch_rules.MXFP4_SM120_FN)
+    sm120 = function(gemm, rule.SM120_FN)
     assert "using ArchTag = cutlass::arch::Sm120;" in sm120
     assert "cutlass::mx_float4_t<cutlass::float_e2m1_t>" in sm120
     assert "cutlass::detail::Sm1xxBlockScaledConfig<32>" in sm120  # the scale layout Python writes
@@ -78,8 +80,8 @@ def test_patched_0_33_0_dispatches_sm12x_to_an_sm120_kernel(patched: TreeFactory
     assert "< 120" not in quant
 
 
-def source_list(cmake: str, var: str) -> list[str]:
-    (c,) = [c for c in patch_rules.cmake_commands(cmake) if c.name == "set" and c.args.split()[:1] == [var]]
+def source_list(text: str, var: str) -> list[str]:
+    (c,) = [c for c in cmake.commands(text) if c.name == "set" and c.args.split()[:1] == [var]]
     return re.findall(r'"([^"]+)"', c.args)
 
 
@@ -96,7 +98,7 @@ def test_a_moved_gate_is_a_conflict_that_names_the_file(tree_copy: TreeFactory) 
     quant.write_text(quant.read_text().replace("cuda_device_capability < 120", "cuda_device_capability <= 119"))
     (result,) = only_mxfp4(tree, "0.33.0").results
     assert result.status == "conflict"
-    assert result.detail.startswith(f"{QUANT}: expected the gate")
+    assert result.detail.startswith(f"{QUANT}: expected the gate"), result.detail
 
 
 # --- compiled for sm_121a, read back from the SASS ------------------------------------------------
