@@ -2,10 +2,9 @@
 that no arch-specific ``#if`` guards, so plain sm_121, compute_12x PTX and other GPUs compile.
 
 The conversion lives in ``nvfp4_utils.cuh`` (found by name: it moved to ``csrc/libtorch_stable/``
-in 0.20 and back in 0.32). Before that header existed (0.10.1, 0.10.1.1) the same asm sat in the
-FP4 kernels themselves, under ``__CUDA_ARCH__ >= 1000`` only, which plain sm_121 also passes.
-Each asm block becomes ``#if SPARKBUILD_E2M1_HW`` (the instruction) / ``#else`` (the same codes
-computed by ``fp32x2_to_e2m1x2_software``, translated from the asm's own operands).
+in 0.20 and back in 0.32; patch.yaml says why releases before it are left alone). Each asm block
+becomes ``#if SPARKBUILD_E2M1_HW`` (the instruction) / ``#else`` (the same codes computed by
+``fp32x2_to_e2m1x2_software``, translated from the asm's own operands).
 """
 
 from __future__ import annotations
@@ -18,11 +17,9 @@ from builder.patch.source import close_paren
 
 NAME = "e2m1-software"
 HEADER = "nvfp4_utils.cuh"
-# The FP4 kernels that held the conversion before nvfp4_utils.cuh (vLLM 0.10.0 - 0.10.1.1).
-KERNELS = ("nvfp4_quant_kernels.cu", "nvfp4_experts_quant.cu")
 SNIPPET = "e2m1_software.cuh"
 MARKER = "sparkbuild e2m1-software"
-READS = (f"csrc/**/{HEADER}", *(f"csrc/**/{k}" for k in KERNELS))
+READS = (f"csrc/**/{HEADER}",)
 
 _ASM = re.compile(r"\basm\s*(?:volatile\s*)?\(")
 _GUARD_WORDS = ("__CUDA_ARCH_FAMILY_SPECIFIC__", "__CUDA_ARCH_SPECIFIC__", "__CUDA_ARCH_FEAT_SM", "SPARKBUILD_E2M1_HW")
@@ -32,19 +29,10 @@ class AsmError(RuleConflict):
     """An e2m1 asm block this rule cannot translate."""
 
 
-def files(overlay: Overlay) -> list[str]:
-    """The files that hold the conversion: the header, else (older layout) the FP4 kernels with it."""
-    headers = overlay.find(HEADER, "csrc")
-    if headers:
-        return headers
-    kernels = [rel for name in KERNELS for rel in overlay.find(name, "csrc")]
-    return [rel for rel in kernels if "e2m1x2" in overlay.read(rel)]
-
-
 def run(overlay: Overlay, folder: Path) -> Outcome:
-    targets = files(overlay)
+    targets = overlay.find(HEADER, "csrc")
     if not targets:
-        return Outcome("not-applicable", f"no {HEADER} under csrc/, and no FP4 kernel with an e2m1x2 conversion")
+        return Outcome("not-applicable", f"no {HEADER} under csrc/")
     snippet = (folder / SNIPPET).read_text(encoding="utf-8")
     edits: list[Edit] = []
     notes: list[str] = []
@@ -180,7 +168,7 @@ def _software_path(statement: str, indent: str) -> str:
             if dest >= len(outputs) or any(r not in pairs for r in regs) or len(regs) * 8 != bits:
                 raise AsmError(f"cannot translate '{ins}'")
             cast = f"uint{bits}_t"
-            # Qualified: the 0.10.1 kernels define their conversions outside namespace vllm.
+            # Qualified, so the call resolves wherever the converting function sits.
             terms = [
                 f"(({cast})vllm::fp32x2_to_e2m1x2_software({pairs[r][0]}, {pairs[r][1]}) << {8 * i})" for i, r in enumerate(regs)
             ]
