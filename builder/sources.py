@@ -215,10 +215,11 @@ def human_size(size: int) -> str:
     raise AssertionError("unreachable")
 
 
-def wheel_tree(project: str, filename: str, cache: Path, only: str = "") -> Path:
-    """The members of a PyPI wheel under ``only`` (for example its C++ headers), unpacked once under
-    ``cache/wheels``. The wheel itself is deleted afterwards: some (cuBLAS) are hundreds of MB."""
-    tree = cache / "wheels" / filename.removesuffix(".whl")
+def wheel_tree(project: str, filename: str, cache: Path, only: str = "", suffix: str = "") -> Path:
+    """The members of a PyPI wheel under ``only`` and ending with ``suffix`` (for example its C++
+    headers, or its Python sources), unpacked once under ``cache/wheels``. The wheel itself is deleted
+    afterwards: some (cuBLAS) are hundreds of MB."""
+    tree = cache / "wheels" / (filename.removesuffix(".whl") + (f"-only{suffix}" if suffix else ""))
     stamp = tree / ".sparkbuild-unpacked"
     if stamp.is_file():
         return tree
@@ -228,12 +229,12 @@ def wheel_tree(project: str, filename: str, cache: Path, only: str = "") -> Path
     archive = fetch(link, cache / "downloads")
     with _staged(tree) as staging:
         with zipfile.ZipFile(archive) as wheel:
-            members = [name for name in wheel.namelist() if name.startswith(only)]
+            members = [name for name in wheel.namelist() if name.startswith(only) and name.endswith(suffix)]
             if not members:
-                raise SourceError(f"{filename} has nothing under {only!r}")
+                raise SourceError(f"{filename} has nothing under {only!r} ending with {suffix!r}")
             # zipfile drops absolute and '..' parts of member names, so nothing lands outside staging.
             wheel.extractall(staging, members)  # noqa: S202
-        (staging / stamp.name).write_text(f"{filename} {only}\n", encoding="utf-8")
+        (staging / stamp.name).write_text(f"{filename} {only} {suffix}\n", encoding="utf-8")
     archive.unlink()
     return tree
 

@@ -159,17 +159,15 @@ def _version(text: str) -> Version:
 def readme_block(readme: Path) -> tuple[str, str]:
     """The command line arguments and the table of the README's generated block."""
     text = readme.read_text(encoding="utf-8")
-    pattern = (
-        re.escape(README_BEGIN).replace(re.escape("{args}"), "(?P<args>[^`]*)") + r"\n(?P<table>.*?)\n" + re.escape(README_END)
-    )
-    found = re.search(pattern, text, re.S)
+    begin = re.escape(README_BEGIN).replace(re.escape("{args}"), "(?P<args>[^`]*)")
+    found = re.search(begin + r"\n(?P<table>(?:.*\n)*?)" + re.escape(README_END), text)
     if found is None:
         raise ConfigError(f"{readme}: no generated patch table ({README_BEGIN.format(args='')} ... {README_END})")
-    return found.group("args"), found.group("table")
+    return found.group("args"), found.group("table").rstrip("\n")
 
 
 def write_readme(readme: Path, table: str, args: str) -> None:
     text = readme.read_text(encoding="utf-8")
     old_args, old_table = readme_block(readme)
-    old = f"{README_BEGIN.format(args=old_args)}\n{old_table}\n{README_END}"
+    old = f"{README_BEGIN.format(args=old_args)}\n{old_table}{chr(10) if old_table else ''}{README_END}"
     readme.write_text(text.replace(old, f"{README_BEGIN.format(args=args)}\n{table}\n{README_END}"), encoding="utf-8")

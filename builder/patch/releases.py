@@ -23,7 +23,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from builder import gitrepo, log, sources
+from builder import log, sources
 from builder.patch import diff, engine, meta, rules
 from builder.patch.overlay import Status
 
@@ -151,6 +151,8 @@ def _row(patches: tuple[meta.Patch, ...], job: Job) -> Row:
 def candidate_job(url: str, cache: Path) -> Job | None:
     """The newest release candidate of the git remote ``url``, checked out in the cache; None if
     the remote has no candidate newer than its newest release."""
+    from builder import gitrepo  # gitpython: only for a candidate
+
     candidate = gitrepo.newest_candidate(gitrepo.ls_remote(url))
     if candidate is None:
         log.info(f"{url} has no release candidate newer than its newest release")
@@ -174,10 +176,6 @@ def first_upstream(rows: Sequence[Row]) -> dict[str, str | None]:
     return firsts
 
 
-def wheel_rows(found: Sequence[Release]) -> list[str]:
-    return [r.version for r in found if r.sdist is None]
-
-
 _SHORT: dict[Status, str] = {
     "applies": "applies",
     "applied": "applied",
@@ -188,43 +186,44 @@ _SHORT: dict[Status, str] = {
 
 
 def text_table(rows: Sequence[Row], wheels_only: Sequence[str]) -> str:
-    """One line per release; "n/a" is not-applicable (``--json`` has every detail)."""
+    """One line per release, oldest first (wheel-only ones in their place, a candidate last);
+    "n/a" is not-applicable (``--json`` has every detail)."""
     names = [r.patch for r in rows[0].results] if rows else []
-    width = max([len(r.version) for r in rows] + [7])
-    head = "release".ljust(width) + "  " + "  ".join(n.ljust(max(len(n), 8)) for n in names)
-    lines = [head]
-    for row in rows:
+    width = max([len(r.version) for r in rows] + [len(v) for v in wheels_only] + [7])
+    lines: list[tuple[Version, int, str]] = []
+    for i, row in enumerate(rows):
         cells = "  ".join(_SHORT[r.status].ljust(max(len(r.patch), 8)) for r in row.results)
         extra = f"  ({row.label})" if row.label != "sdist" else ""
-        lines.append(f"{row.version.ljust(width)}  {cells}{extra}".rstrip())
-    lines += [f"{v.ljust(width)}  wheels only on PyPI: no sdist to check" for v in wheels_only]
+        lines.append((Version(row.version), i, f"{row.version.ljust(width)}  {cells}{extra}".rstrip()))
+    lines += [(Version(v), -1, f"{v.ljust(width)}  wheels only on PyPI: no sdist to check") for v in wheels_only]
+    head = "release".ljust(width) + "  " + "  ".join(n.ljust(max(len(n), 8)) for n in names)
     firsts = first_upstream([r for r in rows if r.label == "sdist"])
-    lines.append("first upstream: " + ", ".join(f"{n} {v or 'never'}" for n, v in firsts.items()))
-    return "\n".join(lines)
+    tail = "first upstream: " + ", ".join(f"{n} {v or 'never'}" for n, v in firsts.items())
+    return "\n".join([head, *(text for _, _, text in sorted(lines)), tail])
 
 
 def markdown_table(rows: Sequence[Row], wheels_only: Sequence[str]) -> str:
-    """Releases with the same statuses share a line (``0.12.0 - 0.18.1``): the README's table."""
+    """Releases next to each other with the same statuses share a line (``0.12.0 - 0.14.1``); a
+    wheel-only release gets its own: the README's table."""
     names = [r.patch for r in rows[0].results] if rows else []
+    items: list[tuple[Version, str, tuple[Status, ...]]] = [
+        (Version(r.version), r.version, tuple(x.status for x in r.results)) for r in rows
+    ]
+    items += [(Version(v), v, ()) for v in wheels_only]
     groups: list[tuple[list[str], tuple[Status, ...]]] = []
-    for row in rows:
-        statuses = tuple(r.status for r in row.results)
+    for _, version, statuses in sorted(items):
         if groups and groups[-1][1] == statuses:
-            groups[-1][0].append(row.version)
+            groups[-1][0].append(version)
         else:
-            groups.append(([row.version], statuses))
+            groups.append(([version], statuses))
     lines = ["| vLLM | " + " | ".join(f"`{n}`" for n in names) + " |", "|---|" + "---|" * len(names)]
     for versions, statuses in groups:
         span = versions[0] if len(versions) == 1 else f"{versions[0]} - {versions[-1]}"
-        lines.append(f"| {span} | " + " | ".join(statuses) + " |")
-    if wheels_only:
-        lines.append(f"| {', '.join(wheels_only)} | " + " | ".join("(wheels only, no sdist)" for _ in names) + " |")
-    firsts = first_upstream(rows)
-    lines += [
-        "",
-        "First release that reads `upstream`: " + "; ".join(f"`{n}` {v or 'none yet'}" for n, v in firsts.items()) + ".",
-    ]
-    return "\n".join(lines)
+        cells: tuple[str, ...] = statuses or tuple("wheels only, no sdist" for _ in names)
+        lines.append(f"| {span} | " + " | ".join(cells) + " |")
+    firsts = first_upstream([r for r in rows if r.label == "sdist"])
+    said = "; ".join(f"`{n}` {v or 'none yet'}" for n, v in firsts.items())
+    return "\n".join([*lines, "", f"First release that reads `upstream`: {said}."])
 
 
 def to_json(rows: Sequence[Row], wheels_only: Sequence[str]) -> dict[str, Any]:
