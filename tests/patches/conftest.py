@@ -11,6 +11,7 @@ import hashlib
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,36 @@ def tree_hash(tree: Path) -> str:
     for path in sorted(p for p in tree.rglob("*") if p.is_file()):
         h.update(str(path.relative_to(tree)).encode() + b"\0" + path.read_bytes())
     return h.hexdigest()
+
+
+# --- every release, and the distinct variants of each file the patches change ----------------------
+
+
+@pytest.fixture(scope="session")
+def sweep(every_tree: dict[str, Path]) -> dict[str, patch.Report]:
+    """The whole patch set checked on every release (nothing written)."""
+    patches = patch.load(PATCHES)
+    return {v: patch.check(tree, patches, v) for v, tree in every_tree.items()}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One distinct content of a file across releases, found by its hash."""
+
+    path: str  # the file's path in ``version``'s tree
+    digest: str  # sha256 of the content, 12 hex digits
+    version: str  # the newest release whose file reads so
+    versions: tuple[str, ...]  # every release whose file reads so
+
+
+def variants(sweep: dict[str, patch.Report], name: str, patched: bool = True) -> list[Variant]:
+    """The distinct contents of the files called ``name`` that the patch set changes, patched (or as
+    upstream has them), oldest first."""
+    found: dict[str, list[tuple[str, str]]] = {}
+    for version, report in sweep.items():
+        for rel, text in report.overlay.changed.items():
+            if Path(rel).name == name:
+                content = text if patched else (report.source / rel).read_text()
+                found.setdefault(hashlib.sha256(content.encode()).hexdigest()[:12], []).append((version, rel))
+    assert found, f"no release has a {name} the patches change"
+    return [Variant(uses[-1][1], digest, uses[-1][0], tuple(v for v, _ in uses)) for digest, uses in found.items()]
