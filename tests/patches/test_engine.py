@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import http.server
 import json
 import shutil
 import subprocess
 import sys
 import textwrap
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from builder import patch, sources
-from builder.errors import ConfigError, PatchError, SourceError
+from builder.errors import ConfigError, PatchError
 from tests.patches.conftest import PATCHES, TreeFactory, tree_hash
 
 TARGET = "vllm/v1/attention/backends/flashinfer.py"  # a file every version has
@@ -203,45 +200,3 @@ def test_patch_metadata_errors_name_file_line_and_suggest(tmp_path: Path) -> Non
         ConfigError, match=r"patch.yaml:6: change.rule: unknown rule 'cmake-arch-sm12'. Perhaps you meant 'cmake-arch-sm121'\?"
     ):
         patch.load(tmp_path / "patches")
-
-
-# --- downloads: a real HTTP index on loopback, serving a file whose hash does not match ----------
-
-
-@pytest.fixture
-def local_index(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """A PEP 503 index served over HTTP on 127.0.0.1 from a folder (the fault is put in by the test)."""
-    root = tmp_path / "index"
-    (root / "vllm").mkdir(parents=True)
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *args: object, **kwargs: object) -> None:
-            super().__init__(*args, directory=str(root), **kwargs)  # type: ignore[arg-type]
-
-        def log_message(self, format: str, *args: object) -> None:
-            del format, args
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/", root
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def test_download_with_wrong_sha256_is_refused_and_discarded(
-    local_index: tuple[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    url, root = local_index
-    (root / "vllm" / "vllm-9.9.9.tar.gz").write_bytes(b"not the file the index promised")
-    wrong = "0" * 64
-    (root / "vllm" / "index.html").write_text(f'<a href="vllm-9.9.9.tar.gz#sha256={wrong}">vllm-9.9.9.tar.gz</a>')
-    monkeypatch.setenv("SPARKBUILD_PYPI_SIMPLE", url)
-    cache = tmp_path / "cache"
-    with pytest.raises(SourceError, match=f"does not match the index's {wrong}; the download is discarded"):
-        sources.vllm_sdist("9.9.9", cache)
-    assert list((cache / "sdists").iterdir()) == []
-    with pytest.raises(SourceError, match=r"PyPI has no sdist vllm-9\.9\.8\.tar\.gz; nearest: vllm-9\.9\.9\.tar\.gz"):
-        sources.vllm_sdist("9.9.8", cache)
