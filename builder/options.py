@@ -56,7 +56,7 @@ class Options:
     @classmethod
     def from_env(cls, **overrides: Any) -> Options:
         """Defaults, then SPARKBUILD_* variables, then ``overrides`` (the command line) where not None."""
-        from builder import toolchain  # it reads the matrix types: only what plans builds needs them
+        from builder import toolchain  # toolchain imports the matrix module: only planning needs it
 
         root = project_root()
         d = defaults()["options"]

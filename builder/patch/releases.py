@@ -48,7 +48,7 @@ class Row:
     """One release (or the candidate): each patch's status and detail."""
 
     version: str
-    label: str  # what the row is: "sdist", "wheels only", or the candidate's tag and commit
+    label: str  # where the tree came from: "sdist", or the candidate's tag and commit
     results: tuple[engine.Result, ...]
 
     def to_json(self) -> dict[str, Any]:
@@ -136,7 +136,7 @@ _PATCHES: tuple[meta.Patch, ...] = ()
 
 
 def _load_patches(patches_dir: Path, names: tuple[str, ...] | None) -> None:
-    global _PATCHES
+    global _PATCHES  # loaded once per worker process, not once per release
     _PATCHES = meta.load(patches_dir, names)
 
 
