@@ -61,11 +61,6 @@ def simple_index() -> str:
     return os.environ.get("SPARKBUILD_PYPI_SIMPLE", DEFAULT_SIMPLE_INDEX).rstrip("/") + "/"
 
 
-def sdist_links(project: str, index: str | None = None) -> dict[str, IndexLink]:
-    """Every ``.tar.gz`` of ``project`` in the simple index, by file name, with its sha256."""
-    return index_links(project, index, suffix=".tar.gz")
-
-
 def index_links(project: str, index: str | None = None, suffix: str = "") -> dict[str, IndexLink]:
     """Every file of ``project`` in the simple index whose name ends with ``suffix``, with its sha256."""
     import requests
