@@ -15,6 +15,7 @@ ever builds these files for 12.0a/12.1a/12.0f, and the point there is that they 
 from __future__ import annotations
 
 import ast
+import hashlib
 import os
 import platform
 import re
@@ -58,10 +59,24 @@ def gemm_variants(sweep: dict[str, patch.Report]) -> list[Variant]:
 
 @pytest.fixture(scope="module")
 def quant_variants(sweep: dict[str, patch.Report]) -> list[Variant]:
-    return variants(sweep, rule.QUANT)
+    """Every distinct quant kernel the patched build compiles for SM12x: the rule changes its gate
+    from 0.24.0, and on 0.20.0 - 0.23.0 adds it, unchanged, to the SM12x sources."""
+    found: dict[str, list[tuple[str, str]]] = {}
+    for version, report in sweep.items():
+        for rel in [r for r in report.overlay.changed if Path(r).name == rule.GEMM]:
+            quant = f"{rel.rsplit('/', 1)[0]}/{rule.QUANT}"
+            text = report.overlay.read(quant)
+            found.setdefault(hashlib.sha256(text.encode()).hexdigest()[:12], []).append((version, quant))
+    return [Variant(uses[-1][1], digest, uses[-1][0], tuple(v for v, _ in uses)) for digest, uses in found.items()]
 
 
 # --- what the patched files hold ---------------------------------------------------------------
+
+
+def test_every_quant_kernel_the_build_compiles_is_a_variant(quant_variants: list[Variant]) -> None:
+    """Five contents: two the rule leaves as they are (0.20.0 - 0.23.0) and three whose gate it opens."""
+    assert len(quant_variants) == 5
+    assert sorted(v for variant in quant_variants for v in variant.versions)[0] == "0.20.0"
 
 
 def test_the_kernel_is_found_in_both_layouts(sweep: dict[str, patch.Report], gemm_variants: list[Variant]) -> None:
