@@ -1,4 +1,8 @@
-"""The ``sparkbuild`` command. Thin: builds one frozen Options and calls a stage."""
+"""The ``sparkbuild`` command. Thin: builds one frozen Options and calls a stage.
+
+Each command imports the stages it runs, so ``sparkbuild patch ...`` (a verdict in about a second)
+does not load Docker, Jinja2 or gitpython first.
+"""
 
 from __future__ import annotations
 
@@ -11,34 +15,22 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from builder import (
-    __version__,
-    binaries,
-    bisect,
-    build,
-    disk,
-    errors,
-    log,
-    model,
-    patch,
-    pipeline,
-    plan,
-    publish,
-    rc,
-    rehearse,
-    resolve,
-    runlock,
-    sources,
-    verify,
-)
-from builder.errors import ConfigError, FatalError, PatchError, VerifyError
+from builder import __version__, errors, log, model
+from builder.errors import ConfigError, FatalError, VerifyError
 from builder.options import Options
+from builder.patch.cli import patch_group
+
+if TYPE_CHECKING:
+    from builder import bisect, plan
 
 F = TypeVar("F", bound=Callable[..., Any])
+# bisect.STAGES, written here so that --help does not import bisect (and with it Docker and git);
+# tests/unit/test_cli_imports.py holds the two equal.
+BISECT_STAGES = ("patch", "build", "verify")
 
 
 def selection(func: F) -> F:
@@ -81,6 +73,8 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan_cmd(as_json: bool, **kwargs: Any) -> None:
     """Print targets, their build steps and image tags. No Docker, no network."""
+    from builder import disk, plan
+
     plans = plan.make(make_options(**kwargs))
     if as_json:
         emit_json([{**p.to_json(), "disk_gb": disk.estimate(p)} for p in plans])
@@ -113,6 +107,8 @@ def plan_cmd(as_json: bool, **kwargs: Any) -> None:
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("sparkbuild-out/render"), show_default=True)
 def render_cmd(out_dir: Path, **kwargs: Any) -> None:
     """Write each target's stage Dockerfiles and context files to OUT/<target>/NN-<stage>/."""
+    from builder import build, plan
+
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"--out {out_dir}: a file is there; give a folder (made if missing)")
     for p in plan.make(make_options(**kwargs)):
@@ -131,6 +127,7 @@ def render_cmd(out_dir: Path, **kwargs: Any) -> None:
 @waiting
 def build_cmd(registry: str | None, as_json: bool, **kwargs: Any) -> None:
     """Build the images of the selected targets (no verify, no publish)."""
+    from builder import build, disk, pipeline, plan, runlock
     from builder.engine import Engine
 
     opts = make_options(registry=registry, **kwargs)
@@ -161,6 +158,8 @@ def build_cmd(registry: str | None, as_json: bool, **kwargs: Any) -> None:
 @waiting
 def resolve_cmd(matrix: Path | None, lock: Path | None, as_json: bool, no_wait: bool) -> None:
     """Pin every git ref to a commit and every base image to a digest; write the lock file."""
+    from builder import resolve, runlock
+
     opts = make_options(matrix=matrix, lock=lock, no_wait=no_wait)
     with runlock.run(opts.cache, wait=opts.wait):
         result = resolve.resolve(opts)
@@ -181,6 +180,8 @@ def resolve_cmd(matrix: Path | None, lock: Path | None, as_json: bool, no_wait: 
 @click.option("--json", "as_json", is_flag=True, help="Print every rehearsal as JSON.")
 def rehearse_cmd(matrix: Path | None, only: tuple[str, ...], lock: Path | None, offline: bool, as_json: bool) -> None:
     """Build every stage of Spark targets here for real, swapping only vLLM's kernel compile for preflight."""
+    from builder import rehearse
+
     opts = make_options(matrix=matrix, only=only, lock=lock)
     results = rehearse.rehearse(opts, offline_sources=offline)
     text = rehearse.table(results)
@@ -222,6 +223,7 @@ def verify_cmd(
 ) -> None:
     """Serve IMAGE, check its known answers and measure its speed."""
     from builder import matrix as matrix_mod
+    from builder import pipeline, verify
     from builder.engine import Engine
 
     opts = make_options(matrix=matrix)
@@ -263,6 +265,7 @@ def verify_cmd(
 @waiting
 def publish_cmd(registry: str | None, unverified: bool, **kwargs: Any) -> None:
     """Push built images by digest, check the digest, then move readable tags."""
+    from builder import build, disk, pipeline, plan, publish, runlock
     from builder.engine import Engine
 
     opts = make_options(registry=registry, **kwargs)
@@ -280,6 +283,8 @@ def publish_cmd(registry: str | None, unverified: bool, **kwargs: Any) -> None:
 
 
 def require_verified(opts: Options, p: plan.TargetPlan, unverified: bool) -> None:
+    from builder import build
+
     if unverified:
         return
     result = opts.out / p.id / "verify.json"
@@ -298,6 +303,8 @@ def require_verified(opts: Options, p: plan.TargetPlan, unverified: bool) -> Non
 @waiting
 def nightly_cmd(registry: str | None, as_json: bool, **kwargs: Any) -> None:
     """Plan, build, verify and publish every target; print a summary."""
+    from builder import pipeline
+
     runs = pipeline.nightly(make_options(registry=registry, **kwargs), table_to_stderr=as_json)
     if as_json:
         emit_json([r.row() for r in runs])
@@ -311,6 +318,8 @@ def nightly_cmd(registry: str | None, as_json: bool, **kwargs: Any) -> None:
 @waiting
 def rc_cmd(registry: str | None, dry_run: bool, as_json: bool, **kwargs: Any) -> None:
     """The release-candidate lane: newest vLLM rc -> patch check -> build, verify, publish (tags X.Y.ZrcN, rc)."""
+    from builder import rc
+
     opts = make_options(registry=registry, **kwargs)
     try:
         result = rc.rc(opts, dry_run=dry_run, table_to_stderr=as_json)
@@ -325,7 +334,7 @@ def rc_cmd(registry: str | None, dry_run: bool, as_json: bool, **kwargs: Any) ->
 @cli.command("bisect")
 @click.option("--good", required=True, metavar="REF", help="A tag, branch or commit where the stage passes.")
 @click.option("--bad", required=True, metavar="REF", help="A later one where it fails.")
-@click.option("--stage", type=click.Choice(bisect.STAGES), default="patch", show_default=True, help="What must pass.")
+@click.option("--stage", type=click.Choice(BISECT_STAGES), default="patch", show_default=True, help="What must pass.")
 @click.option("--patch", "names", multiple=True, metavar="NAME", help="Only this patch (repeatable; stage patch).")
 @click.option("--matrix", type=click.Path(path_type=Path), help="Matrix file (default: matrix.yaml).")
 @click.option("--only", multiple=True, metavar="GLOB", help="The target whose patches (and build) to use.")
@@ -344,6 +353,8 @@ def bisect_cmd(
     no_wait: bool,
 ) -> None:
     """Name the first upstream vLLM commit between GOOD and BAD at which STAGE fails."""
+    from builder import bisect, runlock
+
     opts = make_options(matrix=matrix, only=only, lock=lock, no_wait=no_wait)
     with runlock.run(opts.cache, wait=opts.wait):
         result = bisect.bisect(opts, good, bad, stage, names)
@@ -353,61 +364,7 @@ def bisect_cmd(
         click.echo(result.text())
 
 
-@cli.group("patch")
-def patch_group() -> None:
-    """Check or apply patches/ on a vLLM source tree (an sdist or a git checkout)."""
-
-
-def tree_options(func: F) -> F:
-    func = click.option("--source", type=click.Path(path_type=Path, file_okay=False), help="Unpacked vLLM source tree.")(func)
-    func = click.option("--vllm-version", metavar="X.Y.Z", help="Download this version's sdist from PyPI (cached) and use it.")(
-        func
-    )
-    func = click.option("--as-version", metavar="X.Y.Z", help="Version of --source when it has no PKG-INFO or tag.")(func)
-    func = click.option("--patch", "names", multiple=True, metavar="NAME", help="Only this patch (repeatable).")(func)
-    func = click.option("--patches", "patches_dir", type=click.Path(path_type=Path, file_okay=False), help="Patches folder.")(
-        func
-    )
-    return func
-
-
-def check_tree(
-    source: Path | None, vllm_version: str | None, as_version: str | None, names: tuple[str, ...], patches_dir: Path | None
-) -> patch.Report:
-    if (source is None) == (vllm_version is None):
-        raise ConfigError("give exactly one of --source DIR or --vllm-version X.Y.Z")
-    if vllm_version is not None:
-        source = sources.vllm_sdist(vllm_version, make_options().cache)
-    assert source is not None
-    version = as_version or sources.tree_version(source) or vllm_version
-    if version is None:
-        raise ConfigError(f"{source}: no PKG-INFO and no git tag tells its vLLM version; pass --as-version X.Y.Z")
-    patches = patch.load(patches_dir or patch.default_dir(), names or None)
-    return patch.check(source, patches, version)
-
-
-@patch_group.command("check")
-@tree_options
-@click.option("--json", "as_json", is_flag=True, help="Print the statuses as JSON.")
-def patch_check_cmd(as_json: bool, **kwargs: Any) -> None:
-    """Say what each patch does to the tree: applies, upstream, not-applicable or conflict. Changes nothing."""
-    report = check_tree(**kwargs)
-    if as_json:
-        emit_json(report.to_json())
-    else:
-        click.echo(patch.table(report))
-    if not report.ok:
-        raise PatchError("a patch conflicts with this tree (see above); update the patch or its version range")
-
-
-@patch_group.command("apply")
-@tree_options
-def patch_apply_cmd(**kwargs: Any) -> None:
-    """Apply every patch that applies; all or nothing: a conflict leaves the tree untouched."""
-    report = check_tree(**kwargs)
-    click.echo(patch.table(report), err=True)
-    written = patch.apply(report)
-    log.info(f"patched {len(written)} file(s) in {report.source}; record in {patch.RECORD}")
+cli.add_command(patch_group)
 
 
 @cli.command("check-binary")
@@ -419,6 +376,8 @@ def check_binary_cmd(paths: tuple[Path, ...], arch: str, as_json: bool) -> None:
 
     Folders are searched for *.so and *.o. Uses cuobjdump (PyPI: nvidia-cuda-cuobjdump).
     """
+    from builder import binaries
+
     device = binaries.Arch.parse(arch)
     reports = binaries.check(list(paths), device)
     if as_json:

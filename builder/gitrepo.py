@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import git
 from packaging.version import InvalidVersion, Version
@@ -103,6 +104,43 @@ def ls_remote(url: str) -> RemoteRefs:
             tags[name.removeprefix("refs/tags/")] = sha
     tags.update(peeled)
     return RemoteRefs(url=url, tags=tags, heads=heads)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    repo: str
+    tag: str
+    commit: str
+    release: str | None  # the newest release tag it is newer than
+
+    @property
+    def version(self) -> str:
+        return self.tag.removeprefix("v")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "repo": self.repo,
+            "tag": self.tag,
+            "version": self.version,
+            "commit": self.commit,
+            "newest_release": self.release,
+        }
+
+
+def newest_candidate(refs: RemoteRefs) -> Candidate | None:
+    """The newest ``vX.Y.ZrcN`` newer than the newest release, by ``packaging.version`` order."""
+    versions = refs.versions()
+    releases = [(v, t) for v, t in versions if not v.is_prerelease and not v.is_devrelease]
+    newest = releases[-1] if releases else None
+    rcs = [
+        (v, t)
+        for v, t in versions
+        if v.pre is not None and v.pre[0] == "rc" and not v.is_devrelease and (newest is None or v > newest[0])
+    ]
+    if not rcs:
+        return None
+    tag = rcs[-1][1]
+    return Candidate(repo=refs.url, tag=tag, commit=refs.tags[tag], release=newest[1] if newest else None)
 
 
 def resolve_ref(refs: RemoteRefs, ref: str, what: str, mirror: Mirror | None = None) -> str:

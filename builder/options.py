@@ -14,7 +14,6 @@ from typing import Any
 
 import yaml
 
-from builder import toolchain
 from builder.errors import ConfigError
 from builder.registry import Limits, check_address, default_limits
 
@@ -71,6 +70,8 @@ class Options:
 
         Every value is checked here; a bad one is a ConfigError naming the variable or option.
         """
+        from builder import toolchain  # toolchain imports the matrix module: only planning needs it
+
         root = project_root()
         d = defaults()["options"]
         env = os.environ

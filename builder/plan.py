@@ -21,6 +21,7 @@ from builder import __version__, base_image, fsutil, lock, matrix, patch, render
 from builder.errors import ConfigError
 from builder.matrix import Target
 from builder.options import Options, defaults
+from builder.patch import bundle as patch_bundle
 
 # Bump when the meaning of the inputs changes, so every tag moves once.
 PLAN_FORMAT = 1
@@ -28,8 +29,6 @@ STEPS = ("base", "build", "verify", "publish")
 
 
 STAGE_REPOSITORY = "sparkbuild/stages"
-# The patch engine as it runs inside a source stage: these modules and nothing that needs Docker.
-PATCH_ENGINE = ("__init__", "cmd", "errors", "fsutil", "log", "patch", "patch_rules", "validate", "yamlsrc")
 # sparkbuild modules a stage runs as scripts inside the image.
 IMAGE_SCRIPTS = ("cuda_layout.py", "serve_defaults.py", "vllm_setup.py")
 
@@ -309,7 +308,8 @@ def resources(target: Target, patches_dir: Path) -> dict[str, render.Files]:
         folder = patches_dir / name
         patch_files += [(f"patches/{name}/{f.relative_to(folder)}", f.read_bytes()) for f in fsutil.files(folder)]
     package = Path(__file__).resolve().parent
-    engine = [(f"sparkbuild/builder/{m}.py", (package / f"{m}.py").read_bytes()) for m in PATCH_ENGINE]
+    # The patch engine as a source stage runs it: the modules builder.patch.bundle derives.
+    engine = [(f"sparkbuild/{path}", data) for path, data in patch_bundle.files()]
     # Standalone scripts of sparkbuild's that run in the image (standard library only).
     scripts = {name: ((name, (package / name).read_bytes()),) for name in IMAGE_SCRIPTS}
     serve = json.dumps(list(target.serve.command())).encode()

@@ -17,46 +17,13 @@ from typing import Any
 from builder import fsutil, gitrepo, log, matrix, patch, pipeline, plan, resolve, runlock, yamlsrc
 from builder.errors import ConfigError
 from builder.externals import External
+
+# Where the rc lane's tests and callers have always found them.
+from builder.gitrepo import Candidate as Candidate
+from builder.gitrepo import newest_candidate as newest_candidate
 from builder.matrix import GitSource, Target
 from builder.options import Options
 from builder.pipeline import Context, TargetRun
-
-
-@dataclass(frozen=True)
-class Candidate:
-    repo: str
-    tag: str
-    commit: str
-    release: str | None  # the newest release tag it is newer than
-
-    @property
-    def version(self) -> str:
-        return self.tag.removeprefix("v")
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "repo": self.repo,
-            "tag": self.tag,
-            "version": self.version,
-            "commit": self.commit,
-            "newest_release": self.release,
-        }
-
-
-def newest_candidate(refs: gitrepo.RemoteRefs) -> Candidate | None:
-    """The newest ``vX.Y.ZrcN`` newer than the newest release, by ``packaging.version`` order."""
-    versions = refs.versions()
-    releases = [(v, t) for v, t in versions if not v.is_prerelease and not v.is_devrelease]
-    newest = releases[-1] if releases else None
-    rcs = [
-        (v, t)
-        for v, t in versions
-        if v.pre is not None and v.pre[0] == "rc" and not v.is_devrelease and (newest is None or v > newest[0])
-    ]
-    if not rcs:
-        return None
-    tag = rcs[-1][1]
-    return Candidate(repo=refs.url, tag=tag, commit=refs.tags[tag], release=newest[1] if newest else None)
 
 
 def for_candidate(target: Target, candidate: Candidate, found: tuple[External, ...] | None = None) -> Target:

@@ -3,6 +3,7 @@ sha256 and cached.
 
 PyPI's simple index (PEP 503) gives every file's sha256 in its link (``#sha256=...``); the JSON API is
 not used, so a mirror that serves only the simple index works too (``SPARKBUILD_PYPI_SIMPLE``).
+``requests`` is imported only where something is downloaded: a cached tree answers without it.
 """
 
 from __future__ import annotations
@@ -11,17 +12,19 @@ import hashlib
 import os
 import re
 import shutil
+import sys
 import tarfile
 import tempfile
+import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import urldefrag, urljoin
 
-import requests
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from builder import cmd, log
@@ -58,13 +61,10 @@ def simple_index() -> str:
     return os.environ.get("SPARKBUILD_PYPI_SIMPLE", DEFAULT_SIMPLE_INDEX).rstrip("/") + "/"
 
 
-def sdist_links(project: str, index: str | None = None) -> dict[str, IndexLink]:
-    """Every ``.tar.gz`` of ``project`` in the simple index, by file name, with its sha256."""
-    return index_links(project, index, suffix=".tar.gz")
-
-
 def index_links(project: str, index: str | None = None, suffix: str = "") -> dict[str, IndexLink]:
     """Every file of ``project`` in the simple index whose name ends with ``suffix``, with its sha256."""
+    import requests
+
     page = urljoin(index or simple_index(), f"{project}/")
     log.info(f"+ GET {page}")
     try:
@@ -84,53 +84,94 @@ def index_links(project: str, index: str | None = None, suffix: str = "") -> dic
 
 
 def vllm_sdist(version: str, cache: Path) -> Path:
-    """The unpacked vLLM ``version`` sdist under ``cache/sources``; downloads and checks it once."""
-    _check_version(version)
+    """The unpacked vLLM ``version`` sdist under ``cache/sources``; downloads and checks it once.
+
+    ``version`` may be written as its tag (``v0.33.0``), and must name one release exactly.
+    """
+    version = release_version(version)
     tree = cache / "sources" / f"vllm-{version}"
     stamp = tree / ".sparkbuild-unpacked"
     if stamp.is_file():
         return tree
-    archive = _download(version, cache)
+    archive = fetch(sdist_link(version), cache / "sdists")
     _unpack(archive, tree, top=f"vllm-{version}", stamp=(stamp.name, archive.name + "\n"))
     return tree
 
 
-def _check_version(version: str) -> None:
+def release_version(text: str) -> str:
+    """``v0.33.0`` or ``0.33.0`` -> ``0.33.0``; what is not a version is an error."""
+    version = text.strip().removeprefix("v")
     try:
         Version(version)
     except InvalidVersion:
-        raise ConfigError(f"--vllm-version {version!r} is not a version (for example 0.11.0)") from None
+        raise ConfigError(f"--vllm-version {text!r} is not a version (for example 0.33.0 or v0.33.0)") from None
+    return version
 
 
-def _download(version: str, cache: Path) -> Path:
+def sdist_link(version: str, links: dict[str, IndexLink] | None = None) -> IndexLink:
+    """The index's link to the sdist of exactly ``version``; the error says what there is instead:
+    the releases a partial version (``0.33``) could mean, wheels only, or the nearest sdists."""
+    links = index_links("vllm") if links is None else links
     filename = f"vllm-{version}.tar.gz"
-    links = sdist_links("vllm")
-    link = links.get(filename)
-    if link is None:
-        near = sorted((name for name in links), key=lambda n: _distance(n, filename))[:3]
+    if filename in links:
+        return links[filename]
+    files = release_files(links)
+    wanted = Version(version)
+    if len(wanted.release) < 3:
+        matching = sorted(v for v in files if v.release[: len(wanted.release)] == wanted.release and not v.is_prerelease)
+        if matching:
+            raise ConfigError(
+                f"--vllm-version {version} names no single release; releases that match: {', '.join(map(str, matching))}"
+            )
+    if files.get(wanted) == {"wheel"}:
         raise SourceError(
-            f"PyPI has no sdist {filename}; nearest: {', '.join(near) or 'none'}. "
-            "Release candidates exist only as git tags; check them out and use --source DIR."
+            f"vLLM {version} has wheels on PyPI but no sdist, and sparkbuild patches source trees: "
+            f"check out the tag v{version} from git and pass --source DIR."
         )
-    return fetch(link, cache / "sdists")
+    near = sorted((n for n in links if n.startswith("vllm-") and n.endswith(".tar.gz")), key=lambda n: _distance(n, filename))
+    rc = " Release candidates exist only as git tags: check one out and pass --source DIR." if wanted.is_prerelease else ""
+    raise SourceError(f"PyPI has no sdist {filename}; nearest: {', '.join(near[:3]) or 'none'}.{rc}")
+
+
+def release_files(links: dict[str, IndexLink]) -> dict[Version, set[str]]:
+    """What the index has of each vLLM version: ``sdist``, ``wheel`` or both."""
+    files: dict[Version, set[str]] = {}
+    for name in links:
+        try:
+            if name.startswith("vllm-") and name.endswith(".tar.gz"):
+                files.setdefault(Version(name.removeprefix("vllm-").removesuffix(".tar.gz")), set()).add("sdist")
+            elif name.endswith(".whl"):
+                files.setdefault(parse_wheel_filename(name)[1], set()).add("wheel")
+        except (InvalidVersion, InvalidWheelFilename):
+            continue  # a file whose name holds no version of its own: not a release of it
+    return files
 
 
 def fetch(link: IndexLink, folder: Path) -> Path:
-    """``link`` downloaded into ``folder`` once; kept only when its sha256 matches the index."""
+    """``link`` downloaded into ``folder`` once; kept only when its sha256 matches the index.
+
+    Prints one line per file with its size; on a terminal, a progress bar follows it.
+    """
+    import requests
+
     filename = link.filename
     target = folder / filename
     if target.is_file() and _sha256(target) == link.sha256:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    log.info(f"+ GET {link.url}")
     digest = hashlib.sha256()
+    start = time.monotonic()
     with tempfile.NamedTemporaryFile(dir=target.parent, delete=False, prefix=".part-") as part:
         try:
             with requests.get(link.url, stream=True, timeout=300) as response:
                 response.raise_for_status()
-                for chunk in response.iter_content(_CHUNK):
-                    digest.update(chunk)
-                    part.write(chunk)
+                size = int(response.headers.get("Content-Length") or 0)
+                log.info(f"+ GET {link.url} ({human_size(size) if size else 'size unknown'})")
+                with _progress(filename, size) as advance:
+                    for chunk in response.iter_content(_CHUNK):
+                        digest.update(chunk)
+                        part.write(chunk)
+                        advance(len(chunk))
         except requests.RequestException as exc:
             Path(part.name).unlink()
             raise SourceError(f"download of {link.url} failed: {exc}") from None
@@ -141,13 +182,38 @@ def fetch(link: IndexLink, folder: Path) -> Path:
             "the download is discarded. Retry; if it persists, the index or a proxy serves another file."
         )
     Path(part.name).replace(target)
+    if sys.stderr.isatty():
+        log.info(f"  {filename}: {human_size(target.stat().st_size)} in {log.format_seconds(time.monotonic() - start)}")
     return target
 
 
-def wheel_tree(project: str, filename: str, cache: Path, only: str = "") -> Path:
-    """The members of a PyPI wheel under ``only`` (for example its C++ headers), unpacked once under
-    ``cache/wheels``. The wheel itself is deleted afterwards: some (cuBLAS) are hundreds of MB."""
-    tree = cache / "wheels" / filename.removesuffix(".whl")
+@contextmanager
+def _progress(name: str, size: int) -> Iterator[Callable[[int], object]]:
+    """A progress bar on a terminal (tqdm: rate, time left, the terminal's width); in a CI log,
+    where bars turn into thousands of lines, nothing beyond the line ``fetch`` prints."""
+    if not sys.stderr.isatty():
+        yield lambda n: None
+        return
+    from tqdm import tqdm
+
+    with tqdm(total=size or None, desc=name, unit="B", unit_scale=True, unit_divisor=1024, leave=False) as bar:
+        yield bar.update
+
+
+def human_size(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def wheel_tree(project: str, filename: str, cache: Path, only: str = "", suffix: str = "") -> Path:
+    """The members of a PyPI wheel under ``only`` and ending with ``suffix`` (for example its C++
+    headers, or its Python sources), unpacked once under ``cache/wheels``. The wheel itself is deleted
+    afterwards: some (cuBLAS) are hundreds of MB."""
+    tree = cache / "wheels" / (filename.removesuffix(".whl") + (f"-only{suffix}" if suffix else ""))
     stamp = tree / ".sparkbuild-unpacked"
     if stamp.is_file():
         return tree
@@ -157,12 +223,12 @@ def wheel_tree(project: str, filename: str, cache: Path, only: str = "") -> Path
     archive = fetch(link, cache / "downloads")
     with _staged(tree) as staging:
         with zipfile.ZipFile(archive) as wheel:
-            members = [name for name in wheel.namelist() if name.startswith(only)]
+            members = [name for name in wheel.namelist() if name.startswith(only) and name.endswith(suffix)]
             if not members:
-                raise SourceError(f"{filename} has nothing under {only!r}")
+                raise SourceError(f"{filename} has nothing under {only!r} ending with {suffix!r}")
             # zipfile drops absolute and '..' parts of member names, so nothing lands outside staging.
             wheel.extractall(staging, members)  # noqa: S202
-        (staging / stamp.name).write_text(f"{filename} {only}\n", encoding="utf-8")
+        (staging / stamp.name).write_text(f"{filename} {only} {suffix}\n", encoding="utf-8")
     archive.unlink()
     return tree
 
@@ -189,6 +255,44 @@ def _unpack(archive: Path, tree: Path, top: str, stamp: tuple[str, str]) -> None
             raise SourceError(f"{archive}: no {top}/CMakeLists.txt inside; not a vLLM source archive")
         # The stamp is inside before the rename: a tree with a stamp is always whole.
         (staging / top / stamp[0]).write_text(stamp[1], encoding="utf-8")
+
+
+def unpack_matching(archive: Path, tree: Path, top: str, patterns: tuple[str, ...]) -> int:
+    """Only the members of ``archive`` under ``top/`` whose path below it matches one of ``patterns``
+    (``*`` within a folder, ``**/`` any folders), unpacked as ``tree``; returns how many files."""
+    wanted = re.compile("|".join(f"(?:{glob_regex(p)})" for p in patterns))
+    with _staged(tree) as staging, tarfile.open(archive) as tar:
+        members = [
+            m
+            for m in tar.getmembers()
+            if m.isfile() and m.name.startswith(f"{top}/") and wanted.fullmatch(m.name[len(top) + 1 :])
+        ]
+        if not members:
+            raise SourceError(f"{archive}: nothing under {top}/ matches {', '.join(patterns)}")
+        tar.extractall(staging, members, filter="data")
+        for child in (staging / top).iterdir():
+            child.rename(staging / child.name)
+        (staging / top).rmdir()
+    return len(members)
+
+
+def glob_regex(pattern: str) -> str:
+    """A path glob as a regular expression: ``**/`` any folders (none included), ``*`` and ``?``
+    within one name."""
+    out = ""
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out, i = out + "(?:[^/]+/)*", i + 3
+        elif pattern.startswith("**", i):
+            out, i = out + ".*", i + 2
+        elif pattern[i] == "*":
+            out, i = out + "[^/]*", i + 1
+        elif pattern[i] == "?":
+            out, i = out + "[^/]", i + 1
+        else:
+            out, i = out + re.escape(pattern[i]), i + 1
+    return out
 
 
 @contextmanager
@@ -233,7 +337,7 @@ def project_sdist(project: str, version: str, cache: Path, marker: str) -> Path:
     stamp = tree / ".sparkbuild-unpacked"
     if stamp.is_file():
         return tree
-    link = sdist_links(project).get(f"{stem}.tar.gz")
+    link = index_links(project, suffix=".tar.gz").get(f"{stem}.tar.gz")
     if link is None:
         raise SourceError(f"PyPI has no sdist {stem}.tar.gz of {project}; see {simple_index()}{project}/")
     archive = fetch(link, cache / "sdists")

@@ -42,10 +42,10 @@ def check_toolchain(source: pathlib.Path) -> None:
     have = subprocess.run([gcc, "-dumpfullversion", "-dumpversion"], capture_output=True, text=True, check=True).stdout.strip()
     if minimum is not None and version_tuple(have) < version_tuple(minimum):
         sys.exit(
-            "preflight: vLLM's CMakeLists.txt needs GCC >= %s; this build base has %s %s. Use a base image "
-            "whose distribution has a newer GCC (Ubuntu 24.04: 13, Debian trixie: 14)" % (minimum, gcc, have)
+            f"preflight: vLLM's CMakeLists.txt needs GCC >= {minimum}; this build base has {gcc} {have}. Use a base image "
+            "whose distribution has a newer GCC (Ubuntu 24.04: 13, Debian trixie: 14)"
         )
-    print("preflight: %s %s (vLLM needs >= %s)" % (gcc, have, minimum or "nothing stated"), flush=True)
+    print("preflight: {} {} (vLLM needs >= {})".format(gcc, have, minimum or "nothing stated"), flush=True)
 
 
 def configure(source: pathlib.Path, build: pathlib.Path, log: pathlib.Path) -> float:
@@ -71,8 +71,9 @@ def configure(source: pathlib.Path, build: pathlib.Path, log: pathlib.Path) -> f
         tail = log.read_text(errors="replace").splitlines()[-40:]
         # Generators run by the configure (Marlin, Machete) log beside the build: show theirs too.
         for extra in sorted(build.glob("*.log")):
-            tail += ["", "--- %s (last lines)" % extra.name, *extra.read_text(errors="replace").splitlines()[-30:]]
-        sys.exit("preflight: vLLM's CMake configure failed (exit %d); last lines:\n%s" % (done.returncode, "\n".join(tail)))
+            tail += ["", f"--- {extra.name} (last lines)", *extra.read_text(errors="replace").splitlines()[-30:]]
+        lines = "\n".join(tail)
+        sys.exit(f"preflight: vLLM's CMake configure failed (exit {done.returncode}); last lines:\n{lines}")
     return time.monotonic() - start
 
 
@@ -133,7 +134,7 @@ def compile_unit(entry: dict, out: pathlib.Path, index: int) -> dict:
     args = entry_args(entry)
     if "-o" not in args:
         return {"file": entry["file"], "ok": False, "error": "no -o in its compile command"}
-    obj = out / "objects" / ("%03d-%s.o" % (index, pathlib.Path(entry["file"]).name))
+    obj = out / "objects" / f"{index:03d}-{pathlib.Path(entry['file']).name}.o"
     obj.parent.mkdir(parents=True, exist_ok=True)
     args[args.index("-o") + 1] = str(obj)
     launcher = ["ccache"] if shutil.which("ccache") else []
@@ -147,7 +148,7 @@ def compile_unit(entry: dict, out: pathlib.Path, index: int) -> dict:
     }
     if done.returncode != 0:
         result["error"] = (done.stderr or done.stdout)[-3000:]
-    print("  %s %s (%.0fs)" % ("ok  " if result["ok"] else "FAIL", entry["file"], result["seconds"]), flush=True)
+    print("  {} {} ({:.0f}s)".format("ok  " if result["ok"] else "FAIL", entry["file"], result["seconds"]), flush=True)
     return result
 
 
@@ -188,7 +189,7 @@ def main() -> None:
     ]  # fmt: skip
     # As many at once as the compile will run: vLLM's MAX_JOBS // NVCC_THREADS.
     workers = max(1, int(os.environ.get("MAX_JOBS", "1")) // int(os.environ.get("NVCC_THREADS", "1")))
-    print("preflight: %d CUDA units include a patched file; compiling them, %d at once" % (len(units), workers), flush=True)
+    print(f"preflight: {len(units)} CUDA units include a patched file; compiling them, {workers} at once", flush=True)
     start = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
         compiled = list(pool.map(lambda item: compile_unit(item[1], args.out, item[0]), enumerate(units)))

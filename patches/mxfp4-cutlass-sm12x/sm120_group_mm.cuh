@@ -1,3 +1,7 @@
+// Fragments of mxfp4-cutlass-sm12x (builder/patch/rules/mxfp4_cutlass_sm12x.py splices them into
+// vLLM's mxfp4_blockwise_moe_kernel.cu). CUDA/C++ of vLLM's own style, not sparkbuild code.
+
+// === sm120-group-mm ===
 #if defined ENABLE_NVFP4_SM120 && ENABLE_NVFP4_SM120
 // sparkbuild mxfp4-cutlass-sm12x: the MXFP4 x MXFP4 grouped GEMM for SM12x (RTX Blackwell, GB10).
 // The SM100 kernel above uses tcgen05 UMMA, which SM12x lacks: built for sm_120a/sm_121a it has
@@ -177,3 +181,24 @@ void run_mxfp4_blockwise_scaled_group_mm_sm120(
 }
 #endif  // ENABLE_NVFP4_SM120
 
+// === sm120-dispatch ===
+#if defined ENABLE_NVFP4_SM120 && ENABLE_NVFP4_SM120
+  if (version_num >= 120 && version_num < 130) {
+    // sparkbuild mxfp4-cutlass-sm12x: SM12x runs the SM120 grouped GEMM.
+    STD_TORCH_CHECK_NOT_IMPLEMENTED(
+        (cute::is_same_v<OutType, cutlass::bfloat16_t>),
+        "SM12x cutlass_mxfp4_group_mm supports bfloat16 output only");
+    run_mxfp4_blockwise_scaled_group_mm_sm120(
+        output, a, b, a_blockscale, b_blockscales, problem_sizes,
+        expert_offsets, sf_offsets, M, N, K);
+    return;
+  }
+#endif
+
+// === either-guard ===
+#if (defined ENABLE_NVFP4_SM100 && ENABLE_NVFP4_SM100) || \
+    (defined ENABLE_NVFP4_SM120 && ENABLE_NVFP4_SM120)
+
+// === quant-gate ===
+  // sparkbuild mxfp4-cutlass-sm12x: 120-129 run the SM120 grouped GEMM.
+  return cuda_device_capability >= 100 && cuda_device_capability < 130;

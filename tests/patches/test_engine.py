@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-import hashlib
-import http.server
 import json
 import shutil
 import subprocess
 import sys
 import textwrap
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from builder import patch, sources
-from builder.errors import ConfigError, PatchError, SourceError
-from tests.patches.conftest import PATCHES, TreeFactory
+from builder.errors import ConfigError, PatchError
+from tests.patches.conftest import PATCHES, TreeFactory, tree_hash
 
-TARGET = "vllm/envs.py"  # a file every version has
+TARGET = "vllm/v1/attention/backends/flashinfer.py"  # a file every version has
+NEEDLE = "from dataclasses import dataclass"  # a line of it
 
 
 def make_diff(tree: Path, rel: str, edit: tuple[str, str], dest: Path) -> Path:
@@ -68,17 +65,10 @@ def first_line(tree: Path, rel: str, needle: str) -> str:
     return next(line for line in (tree / rel).read_text().splitlines() if needle in line)
 
 
-def tree_hash(tree: Path) -> str:
-    h = hashlib.sha256()
-    for path in sorted(p for p in tree.rglob("*") if p.is_file()):
-        h.update(str(path.relative_to(tree)).encode() + b"\0" + path.read_bytes())
-    return h.hexdigest()
-
-
 def test_diff_applies_and_apply_records_it(tree_copy: TreeFactory, tmp_path: Path) -> None:
     tree = tree_copy("0.11.0")
     patches = tmp_path / "patches"
-    line = first_line(tree, TARGET, "import os")
+    line = first_line(tree, TARGET, NEEDLE)
     add_patch(patches, "envs-comment", make_diff(tree, TARGET, (line, f"{line}  # sparkbuild"), tmp_path / "d.diff"))
     report = patch.check(tree, patch.load(patches), "0.11.0")
     assert report.results[0].status == "applies"
@@ -93,7 +83,7 @@ def test_change_already_there_is_upstream(tree_copy: TreeFactory, tmp_path: Path
     """A diff whose result is already in the tree applies in reverse: upstream, not conflict."""
     tree = tree_copy("0.11.0")
     patches = tmp_path / "patches"
-    line = first_line(tree, TARGET, "import os")
+    line = first_line(tree, TARGET, NEEDLE)
     # The diff removes-then-adds in the other direction: made from a tree without the line.
     made = make_diff(tree, TARGET, (line, f"{line}  # sparkbuild"), tmp_path / "d.diff")
     shutil.copy(tmp_path / "d-work" / "b" / TARGET, tree / TARGET)  # the tree already has the change
@@ -105,12 +95,12 @@ def test_change_already_there_is_upstream(tree_copy: TreeFactory, tmp_path: Path
 def test_detect_marker_and_version_range_and_missing_file(tree_copy: TreeFactory, tmp_path: Path) -> None:
     tree = tree_copy("0.11.0")
     patches = tmp_path / "patches"
-    line = first_line(tree, TARGET, "import os")
+    line = first_line(tree, TARGET, NEEDLE)
     add_patch(
         patches,
         "a-marked",
         make_diff(tree, TARGET, (line, line + " #"), tmp_path / "1.diff"),
-        detect=f"  detect: [{{file: {TARGET}, contains: 'import os'}}]",
+        detect=f"  detect: [{{file: {TARGET}, contains: '{NEEDLE}'}}]",
     )
     add_patch(patches, "b-newer", make_diff(tree, TARGET, (line, line + " #"), tmp_path / "2.diff"), versions=">=0.12")
     moved = make_diff(tree, TARGET, (line, line + " #"), tmp_path / "3.diff")
@@ -118,7 +108,7 @@ def test_detect_marker_and_version_range_and_missing_file(tree_copy: TreeFactory
     add_patch(patches, "c-moved", moved)
     report = patch.check(tree, patch.load(patches), "0.11.0")
     assert [(r.status, r.detail) for r in report.results] == [
-        ("upstream", f"{TARGET} already has 'import os'"),
+        ("upstream", f"{TARGET} already has '{NEEDLE}'"),
         ("not-applicable", "0.11.0 is outside >=0.12"),
         ("not-applicable", "csrc/libtorch_stable/moved.py does not exist in this layout"),
     ]
@@ -127,7 +117,7 @@ def test_detect_marker_and_version_range_and_missing_file(tree_copy: TreeFactory
 def conflicting_patch(tree: Path, patches: Path, tmp_path: Path) -> None:
     """A two-hunk diff whose second hunk's context is not in the tree."""
     text = (tree / TARGET).read_text()
-    first, last = first_line(tree, TARGET, "import os"), text.splitlines()[-3]
+    first, last = first_line(tree, TARGET, NEEDLE), text.splitlines()[-3]
     diff = make_diff(tree, TARGET, (first, first + "  # one"), tmp_path / "c.diff")
     work_b = tmp_path / "c-work" / "b" / TARGET
     work_b.write_text(work_b.read_text().replace(last, last + "  # two", 1))
@@ -176,13 +166,13 @@ def git(cwd: Path, *args: str) -> None:
 def test_three_way_merge_in_a_git_checkout(pristine: TreeFactory, tmp_path: Path) -> None:
     """The diff was made on an older commit; a nearby line changed since, so only a 3-way merge applies it."""
     repo = tmp_path / "vllm"
-    (repo / "vllm").mkdir(parents=True)
+    (repo / TARGET).parent.mkdir(parents=True)
     shutil.copy(pristine("0.11.0") / TARGET, repo / TARGET)
     git(repo, "init", "-q")
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "v0.11.0")
     git(repo, "tag", "v0.11.0")
-    line = first_line(repo, TARGET, "import os")
+    line = first_line(repo, TARGET, NEEDLE)
     patches = tmp_path / "patches"
     add_patch(patches, "envs-comment", make_diff(repo, TARGET, (line, line + "  # sparkbuild"), tmp_path / "d.diff"))
     text = (repo / TARGET).read_text().splitlines(keepends=True)
@@ -210,45 +200,3 @@ def test_patch_metadata_errors_name_file_line_and_suggest(tmp_path: Path) -> Non
         ConfigError, match=r"patch.yaml:6: change.rule: unknown rule 'cmake-arch-sm12'. Perhaps you meant 'cmake-arch-sm121'\?"
     ):
         patch.load(tmp_path / "patches")
-
-
-# --- downloads: a real HTTP index on loopback, serving a file whose hash does not match ----------
-
-
-@pytest.fixture
-def local_index(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """A PEP 503 index served over HTTP on 127.0.0.1 from a folder (the fault is put in by the test)."""
-    root = tmp_path / "index"
-    (root / "vllm").mkdir(parents=True)
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *args: object, **kwargs: object) -> None:
-            super().__init__(*args, directory=str(root), **kwargs)  # type: ignore[arg-type]
-
-        def log_message(self, format: str, *args: object) -> None:
-            del format, args
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/", root
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def test_download_with_wrong_sha256_is_refused_and_discarded(
-    local_index: tuple[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    url, root = local_index
-    (root / "vllm" / "vllm-9.9.9.tar.gz").write_bytes(b"not the file the index promised")
-    wrong = "0" * 64
-    (root / "vllm" / "index.html").write_text(f'<a href="vllm-9.9.9.tar.gz#sha256={wrong}">vllm-9.9.9.tar.gz</a>')
-    monkeypatch.setenv("SPARKBUILD_PYPI_SIMPLE", url)
-    cache = tmp_path / "cache"
-    with pytest.raises(SourceError, match=f"does not match the index's {wrong}; the download is discarded"):
-        sources.vllm_sdist("9.9.9", cache)
-    assert list((cache / "sdists").iterdir()) == []
-    with pytest.raises(SourceError, match=r"PyPI has no sdist vllm-9\.9\.8\.tar\.gz; nearest: vllm-9\.9\.9\.tar\.gz"):
-        sources.vllm_sdist("9.9.8", cache)

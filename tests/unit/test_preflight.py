@@ -11,6 +11,7 @@ import pytest
 
 from builder import preflight
 from builder.binaries import Arch
+from builder.errors import BuildError
 from tests.conftest import ROOT
 
 SPARK = Arch.parse("12.1")
@@ -71,7 +72,7 @@ def test_the_report_fails_naming_every_unit_with_no_code_for_the_gpu() -> None:
     )
     assert report.counts() == {"sass": 1, "ptx-only": 1, "none": 2}
     assert not report.ok
-    with pytest.raises(preflight.BuildError, match=r"2 unit\(s\) cannot serve sm_121: csrc/a.cu \(sm_120a\); csrc/b.cu"):
+    with pytest.raises(BuildError, match=r"2 unit\(s\) cannot serve sm_121: csrc/a.cu \(sm_120a\); csrc/b.cu"):
         report.require()
     text = report.text()
     assert "ptx-only (JIT on first load): csrc/jit.cu [compute_80, sm_80]" in text
@@ -93,7 +94,7 @@ def test_a_patched_unit_that_does_not_compile_fails_the_report() -> None:
         configure_seconds=1.0,
         compile_seconds=3.0,
     )
-    with pytest.raises(preflight.BuildError, match=r"csrc/k.cu \(does not compile\)"):
+    with pytest.raises(BuildError, match=r"csrc/k.cu \(does not compile\)"):
         report.require()
     assert "not supported on .target 'sm_120'" in report.text()
 

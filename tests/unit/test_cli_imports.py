@@ -1,0 +1,32 @@
+"""What the command line loads before it does anything: a patch verdict must not pay for Docker,
+Jinja2, gitpython or requests (the time this saves is measured by bench/patch_verdicts.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from builder import bisect, cli
+
+HEAVY = ("docker", "jinja2", "git", "requests", "torch", "builder.plan", "builder.pipeline", "builder.matrix")
+
+
+def loaded_after(code: str) -> set[str]:
+    probe = f"{code}\nimport sys\nprint('\\n'.join(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return set(done.stdout.split())
+
+
+def test_the_command_line_loads_no_heavy_package() -> None:
+    loaded = loaded_after("import builder.cli")
+    assert {m for m in HEAVY if m in loaded} == set()
+
+
+def test_patch_check_help_loads_no_heavy_package() -> None:
+    run = "cli.main(['patch', 'check', '--help'], standalone_mode=False)"
+    loaded = loaded_after(f"from builder.cli import cli\ntry:\n    {run}\nexcept SystemExit:\n    pass")
+    assert {m for m in HEAVY if m in loaded} == set()
+
+
+def test_bisect_stages_written_in_the_cli_are_bisects_own() -> None:
+    assert cli.BISECT_STAGES == bisect.STAGES
