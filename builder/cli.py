@@ -7,6 +7,7 @@ does not load Docker, Jinja2 or gitpython first.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import shlex
 import signal
@@ -195,6 +196,49 @@ def rehearse_cmd(matrix: Path | None, only: tuple[str, ...], lock: Path | None, 
     failed = [r.target for r in results if r.error]
     if failed:
         raise errors.LaneFailed(f"rehearse: {len(failed)} of {len(results)} target(s) failed: {', '.join(failed)}")
+
+
+@cli.command("closure")
+@click.option("--matrix", type=click.Path(path_type=Path), help="Matrix file (default: matrix.yaml).")
+@click.option("--only", multiple=True, metavar="GLOB", help="Only targets whose id matches (repeatable).")
+@click.option("--lock", type=click.Path(path_type=Path), help="Lock file (default: <matrix>.lock.json).")
+@click.option(
+    "--offline",
+    is_flag=True,
+    help="Read vLLM's requirements from its PyPI sdist (no git remote needed), relaxing the matrix's `rehearsal: relax:` pins.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print every closure as JSON.")
+def closure_cmd(matrix: Path | None, only: tuple[str, ...], lock: Path | None, offline: bool, as_json: bool) -> None:
+    """Resolve each Spark target's runtime for its own platform and Python: every wheel must exist, torch a CUDA build."""
+    from builder import closure, gitrepo, plan, sources
+
+    opts = make_options(matrix=matrix, only=only, lock=lock)
+    m = plan.load_matrix(opts)
+    targets = plan.select(tuple(t for t in m.targets if t.profile == "spark" and t.vllm.kind != "candidate"), opts.only, None)
+    found = []
+    for t in targets:
+        if offline:
+            tree = sources.vllm_sdist(t.vllm.version, opts.cache)
+            t = dataclasses.replace(t, relax=m.rehearsal.relax)  # this machine's index gaps
+        else:
+            git = t.vllm.git()
+            if git.commit is None:
+                raise ConfigError(f"{t.where}: vLLM {git.ref} is not pinned; run `sparkbuild resolve`, or pass --offline")
+            tree = gitrepo.Mirror(opts.cache, git.repo).extract(
+                git.commit, ("setup.py", "requirements"), opts.cache / "closure" / t.id
+            )
+        with log.step(f"Closure of {t.id} for {t.platform}"):
+            found.append(closure.check(t, tree, opts))
+    if as_json:
+        emit_json([c.to_json() for c in found])
+    else:
+        click.echo("\n".join(c.text() for c in found))
+    bad = [c for c in found if not c.ok]
+    if bad:
+        raise errors.BuildError(
+            f"{len(bad)} of {len(found)} target(s) have no installable runtime here: "
+            + "; ".join(f"{c.target}: {c.verdict}" for c in bad)
+        )
 
 
 @cli.command("model")

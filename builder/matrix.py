@@ -162,8 +162,9 @@ class Base:
     image: str | None
     debootstrap: Debootstrap | None
     cuda_wheels: CudaWheels | None = None
-    # The version of the image's python3 (what an aarch64 wheel closure is resolved for).
+    # The versions of the image's python3 and glibc (what an aarch64 wheel closure is resolved for).
     python: str | None = None
+    glibc: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -204,6 +205,8 @@ class Target:
     compile: Literal["full", "rehearse"] = "full"
     # Rehearsal only: requirements installed without vLLM's version bound (matrix `rehearsal: relax:`).
     relax: tuple[str, ...] = ()
+    # What the Spark runtime installs beside vLLM's own requirements (ray for two Sparks).
+    runtime_extras: tuple[str, ...] = ()
 
     @property
     def version(self) -> str:
@@ -407,6 +410,15 @@ def _vllm(doc: Located, path: DocPath, value: Any) -> VllmSource:
 
 # --- target keys and their validators ----------------------------------------------------------
 
+
+def _requirement(doc: Located, path: DocPath, value: Any) -> str:
+    """A pip requirement that is safe in a Dockerfile's double quotes: a name, extras, version bounds."""
+    text = validate.text(doc, path, value)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9_,.-]+\])?([<>=!~]=?[A-Za-z0-9.*+!_-]+,?)*", text):
+        raise doc.fail(path, f"'{text}' is not a requirement like ray[cgraph]>=2.48.0 (name, extras, version bounds)")
+    return text
+
+
 TARGET_KEYS: dict[str, validate.Validator] = {
     "id": validate.opt(_id),
     "profile": validate.choice(PROFILES),
@@ -431,6 +443,7 @@ TARGET_KEYS: dict[str, validate.Validator] = {
     "repository": _repository,
     "tags": validate.list_of(_tag_template),
     "build_args": _build_args,
+    "runtime_extras": validate.list_of(_requirement),
     "lane": validate.choice(LANES),
 }
 REQUIRED_KEYS = ("profile", "vllm", "torch", "base", "check")
@@ -672,6 +685,7 @@ def _target(
         repository=values["repository"],
         tags=tags,
         build_args=values["build_args"],
+        runtime_extras=values["runtime_extras"],
         lane=values["lane"],
         where=f"{doc.file}:{doc.line(path)}",
     )
@@ -772,7 +786,7 @@ def _bases(doc: Located, defaults_doc: Located, value: Any) -> dict[str, Base]:
     for name, spec in sorted(specs.items(), key=lambda item: isinstance(item[1], dict) and "cuda_wheels" in item[1]):
         path: DocPath = ("bases", name)
         _name(doc, path, name)
-        spec = validate.mapping(doc, path, spec, (*BASE_KINDS, "python"))
+        spec = validate.mapping(doc, path, spec, (*BASE_KINDS, "python", "glibc"))
         kinds = [k for k in BASE_KINDS if k in spec]
         if len(kinds) != 1:
             raise doc.fail(path, "give exactly one of 'image' (pinned by digest), 'debootstrap' or 'cuda_wheels'")
@@ -782,25 +796,27 @@ def _bases(doc: Located, defaults_doc: Located, value: Any) -> dict[str, Base]:
         image = validate.opt(_image)(doc, (*path, "image"), image)
         deb = _debootstrap(doc, (*path, "debootstrap"), spec.get("debootstrap"))
         cuda = _cuda_wheels(doc, defaults_doc, (*path, "cuda_wheels"), spec.get("cuda_wheels"), result)
-        python = _python(doc, defaults_doc, path, spec.get("python"), deb, cuda)
-        result[name] = Base(name=name, image=image, debootstrap=deb, cuda_wheels=cuda, python=python)
+        python = _distribution(doc, defaults_doc, path, "python", spec.get("python"), deb, cuda)
+        glibc = _distribution(doc, defaults_doc, path, "glibc", spec.get("glibc"), deb, cuda)
+        result[name] = Base(name=name, image=image, debootstrap=deb, cuda_wheels=cuda, python=python, glibc=glibc)
     return result
 
 
-def _python(
-    doc: Located, defaults_doc: Located, path: DocPath, value: Any, deb: Debootstrap | None, cuda: CudaWheels | None
+def _distribution(
+    doc: Located, defaults_doc: Located, path: DocPath, key: str, value: Any, deb: Debootstrap | None, cuda: CudaWheels | None
 ) -> str | None:
-    """The base's python3 version: given, inherited from the base a toolkit lies on, or known per Debian suite."""
+    """A base's python3 or glibc version: given, inherited from the base a toolkit lies on, or known per Debian suite."""
     if value is not None:
-        text = validate.text(doc, (*path, "python"), value)
-        if not _PYTHON_RE.match(text):
-            raise doc.fail((*path, "python"), f"'{text}' is not a Python version like \"3.12\"")
+        text = validate.text(doc, (*path, key), value)
+        if not _PYTHON_RE.match(text) and not re.fullmatch(r"2\.\d{1,2}", text):
+            raise doc.fail((*path, key), f'\'{text}\' is not a version like "3.12" (python) or "2.39" (glibc)')
         return text
     if cuda is not None:
-        return cuda.on.python
+        inherited: str | None = getattr(cuda.on, key)
+        return inherited
     if deb is not None:
-        known: dict[str, str] = defaults_doc.data["debian_python"]
-        return known.get(deb.suite)
+        known: dict[str, dict[str, str]] = defaults_doc.data["debian"]
+        return known.get(deb.suite, {}).get(key)
     return None
 
 

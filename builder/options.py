@@ -10,12 +10,20 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from builder.errors import ConfigError
-from builder.registry import Limits, check_address, default_limits
+
+if TYPE_CHECKING:  # the registry client loads requests and tenacity: only runs that talk to one need them
+    from builder.registry import Limits
+
+
+def _default_limits() -> Limits:
+    from builder.registry import default_limits
+
+    return default_limits()
 
 
 @cache
@@ -58,7 +66,7 @@ class Options:
     build_memory: int = 0
     build_cores: int = 1
     # How hard to try against the registry (defaults.yaml `registry:`, push limits from the environment).
-    registry_limits: Limits = field(default_factory=default_limits)
+    registry_limits: Limits = field(default_factory=_default_limits)
     # Token services on other hosts that may receive the registry's credentials.
     token_realms: tuple[str, ...] = ()
     # Wait for another run holding the cache's run lock (False: --no-wait).
@@ -71,6 +79,7 @@ class Options:
         Every value is checked here; a bad one is a ConfigError naming the variable or option.
         """
         from builder import toolchain  # toolchain imports the matrix module: only planning needs it
+        from builder.registry import Limits, check_address
 
         root = project_root()
         d = defaults()["options"]

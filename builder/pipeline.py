@@ -20,7 +20,7 @@ from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
 
-from builder import build, disk, fsutil, gitrepo, log, model, patch, plan, preflight, publish, runlock, verify
+from builder import build, closure, disk, fsutil, gitrepo, log, model, patch, plan, preflight, publish, runlock, verify
 from builder.engine import Engine
 from builder.errors import FatalError, LaneFailed, PatchError, RegistryUnavailableError
 from builder.matrix import GitSource, Target
@@ -62,7 +62,9 @@ class TargetRun:
     stages: tuple[build.StageOutcome, ...] = ()
     # The patch check on the target's vLLM source; None where nothing was checked.
     patches: tuple[patch.Result, ...] | None = None
-    # The compile's preflight (Spark): vLLM's configure audited, the patched units compiled.
+    # The compile's preflight (Spark): the runtime's dependency closure for the image's platform,
+    # vLLM's configure audited, the patched units compiled.
+    closure: closure.Closure | None = None
     preflight: preflight.Report | None = None
     error: str | None = None
     seconds: float = 0.0
@@ -79,6 +81,7 @@ class TargetRun:
             "digest": self.digest,
             "status": self.status.value,
             "failed_at": None if self.failed_at is None else self.failed_at.value,
+            "closure": None if self.closure is None else {"verdict": self.closure.verdict, "cell": self.closure.cell()},
             "preflight": None if self.preflight is None else self.preflight.summary(),
             "verify": verify_cell(self.result)
             if self.result
@@ -152,13 +155,19 @@ def find_published(ctx: Context, run: TargetRun) -> bool:
 
 
 def preflight_build(ctx: Context, run: TargetRun) -> bool:
-    """Before the long compile: vLLM's own configure for the target's arch list, every unit's code
-    audited for the GPU, and the patched units compiled and checked (``builder.preflight``). A
-    failure stops the target here, its units named; a vLLM stage built earlier needs none."""
+    """Before the long compile: the runtime's dependency closure for the image's platform
+    (``builder.closure``), vLLM's own configure for the target's arch list, every unit's code audited
+    for the GPU, and the patched units compiled and checked (``builder.preflight``). A failure stops
+    the target here, naming the wheel or the units; a vLLM stage built earlier needs none."""
     stage = build.preflighted_stage(run.plan)
     if stage is None or build.is_present(ctx.engine, ctx.registry, stage):
         return True
     run.status = Status.PREFLIGHT
+    source = source_of(run.plan.target)
+    if source is not None and source[0].commit is not None:
+        run.closure = closure.check(run.plan.target, ctx.tree(source[0]), ctx.opts)
+        closure.log_closure(run.closure)
+        closure.require(run.closure)
     run.preflight = build.run_preflight(ctx.engine, run.plan, ctx.opts)
     run.preflight.require()
     return True

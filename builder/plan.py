@@ -206,6 +206,7 @@ def plan_target(target: Target, patches_dir: Path, opts: Options) -> TargetPlan:
         "externals": None if target.externals is None else [e.to_json() for e in target.externals],
         "compile": target.compile,
         "relax": list(target.relax),
+        "runtime_extras": list(target.runtime_extras),
     }
     content_hash = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
     content_tag = f"{target.id}-{content_hash[:12]}"
@@ -260,7 +261,6 @@ def template_variables(target: Target) -> dict[str, Any]:
         "externals": target.externals or (),
         "compile": target.compile,
         "jit_components": ",".join(spark["jit_components"]),
-        "runtime_extras": spark["extras"],
     }
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import requests
 
-from builder import build, gitrepo, log, offline, plan, preflight
+from builder import build, closure, gitrepo, log, offline, plan, preflight, sources
 from builder.engine import Engine
 from builder.errors import ConfigError, FatalError, SourceError
 from builder.matrix import Base, Matrix, Target
@@ -74,6 +74,7 @@ class Rehearsal:
     status: str = "pending"
     image: str | None = None
     stages: tuple[build.StageOutcome, ...] = ()
+    closure: closure.Closure | None = None
     preflight: preflight.Report | None = None
     checks: dict[str, Any] = field(default_factory=dict)
     sources: str = ""
@@ -87,6 +88,7 @@ class Rehearsal:
             "status": self.status,
             "image": self.image,
             "stages": [s.to_json() for s in self.stages],
+            "closure": self.closure.to_json() if self.closure else None,
             "preflight": self.preflight.to_json() if self.preflight else None,
             "checks": self.checks,
             "sources": self.sources,
@@ -121,6 +123,13 @@ def _one(engine: Engine, m: Matrix, target: Target, opts: Options, url: str | No
             log.info(result.sources)
             rehearsed = found.apply(rehearsed, url)
         _require_torch_index(rehearsed)
+        # The closure of the image as the runner builds it (its platform and runtime base), with
+        # this machine's relaxed pins.
+        result.status = "closure"
+        tree = sources.vllm_sdist(target.vllm.version, opts.cache)
+        result.closure = closure.check(replace(target, relax=rehearsed.relax), tree, opts)
+        closure.log_closure(result.closure)
+        closure.require(result.closure)
         p = plan.plan_target(rehearsed, m.patches_dir, opts)
         result.status = "preflight"
         result.preflight = build.run_preflight(engine, p, opts)
@@ -170,6 +179,8 @@ def table(results: list[Rehearsal]) -> str:
             lines.append(f"  RELAXED for this machine's package index (the runner installs vLLM's pins): {', '.join(r.relaxed)}")
         if r.stages:
             lines.append("  stages: " + ", ".join(f"{s.name} {s.action} ({s.seconds:.0f}s)" for s in r.stages))
+        if r.closure:
+            lines += ["  " + line for line in r.closure.text().splitlines()]
         if r.preflight:
             lines += ["  " + line for line in r.preflight.text().splitlines()]
         if r.checks:

@@ -1,0 +1,249 @@
+"""The runtime image's dependency closure, resolved for the platform the image runs on (aarch64 for a
+Spark) without emulation: every wheel the runtime stage installs must exist for that platform and
+the image's Python, and torch must resolve to the CUDA build the target asks for.
+
+The requirements are the runtime stage's own: torch, vLLM's ``install_requires`` (setup.py's
+``get_requirements()`` run on the source tree, torch's companion pins included), the CUDA JIT
+toolkit and the runtime extras. They are resolved by uv (``uv pip compile --python-platform
+aarch64-manylinux_2_X --python-version 3.Y --only-binary :all:``): unlike pip's ``--platform``, uv
+evaluates environment markers for the target platform, so torch's ``platform_machine`` markers
+pick the right CUDA libraries. Its requirements file names each package's requirement chain
+(``# via``); a missing wheel is named with uv's own explanation.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from builder import cmd, log, plan, vllm_setup
+from builder.errors import BuildError, ConfigError, ToolMissingError
+from builder.matrix import Target
+from builder.options import Options, defaults
+
+Verdict = Literal["ok", "failed", "unreachable"]
+MACHINE = {"linux/arm64": "aarch64", "linux/amd64": "x86_64"}
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
+# torch's CUDA runtime wheel names the CUDA version it was built for.
+_CUDA_RUNTIME = re.compile(r"^nvidia-cuda-runtime(?:-cu\d+)?$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Package:
+    name: str
+    version: str
+    via: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Closure:
+    target: str
+    platform: str
+    python: str
+    requirements: tuple[str, ...]
+    verdict: Verdict
+    packages: tuple[Package, ...] = ()
+    problems: tuple[str, ...] = ()
+    relaxed: tuple[str, ...] = ()
+    seconds: float = 0.0
+    torch_cuda: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict == "ok"
+
+    def cell(self) -> str:
+        if self.verdict == "ok":
+            return f"{len(self.packages)} wheels for {self.platform} py{self.python}, torch CUDA {self.torch_cuda}"
+        return f"{self.verdict}: {self.problems[0] if self.problems else ''}"
+
+    def text(self) -> str:
+        lines = [f"closure of {self.target} for {self.platform}, Python {self.python}: {self.verdict} ({self.seconds:.0f}s)"]
+        if self.relaxed:
+            lines.append(f"  RELAXED for this machine's package index: {', '.join(self.relaxed)}")
+        if self.ok:
+            lines.append(
+                f"  {len(self.packages)} packages, every one a wheel for the platform; torch is the CUDA {self.torch_cuda} build"
+            )
+        lines += [f"  {p}" for p in self.problems]
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "platform": self.platform,
+            "python": self.python,
+            "verdict": self.verdict,
+            "torch_cuda": self.torch_cuda,
+            "problems": list(self.problems),
+            "relaxed": list(self.relaxed),
+            "packages": [{"name": p.name, "version": p.version, "via": list(p.via)} for p in self.packages],
+            "requirements": list(self.requirements),
+            "seconds": round(self.seconds, 1),
+        }
+
+
+def requirements(target: Target, tree: Path) -> tuple[str, ...]:
+    """What the runtime stage installs besides the wheels built here (vLLM, FlashInfer and Triton
+    built from the tags vLLM pins ask for what those releases on PyPI ask for)."""
+    if target.cuda is None:
+        raise ConfigError(f"{target.where}: a closure is for a CUDA image; {target.id} has no 'cuda:'")
+    spark: dict[str, Any] = defaults()["spark_runtime"]
+    relaxed = set(target.relax)
+    own = [r for r in vllm_setup.requirements(tree, target.cuda) if _name(r) not in relaxed]
+    return (
+        f"torch=={target.torch}",
+        *own,
+        *sorted(relaxed),
+        f"cuda-toolkit[{','.join(spark['jit_components'])}]=={target.cuda}.*",
+        *target.runtime_extras,
+    )
+
+
+def _name(requirement: str) -> str:
+    match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement)
+    return match.group(1).lower().replace("_", "-") if match else ""
+
+
+def check(target: Target, tree: Path, opts: Options) -> Closure:
+    """Resolve the runtime closure of ``target`` for its own platform and Python (uv)."""
+    base = target.runtime_base
+    if base.python is None or base.glibc is None:
+        raise ConfigError(
+            f"{target.where}: the runtime base '{base.name}' needs 'python:' and 'glibc:' in bases: "
+            '(the versions its distribution ships, e.g. python: "3.12", glibc: "2.39" for Ubuntu 24.04)'
+        )
+    wanted = requirements(target, tree)
+    args, _ = plan.torch_source(target, opts)
+    index = args.get("PIP_EXTRA_INDEX_URL")
+    platform_name = f"{MACHINE[target.platform]}-manylinux_{base.glibc.replace('.', '_')}"
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        req = Path(tmp) / "runtime-requirements.txt"
+        req.write_text("\n".join(wanted) + "\n", encoding="utf-8")
+        out = Path(tmp) / "closure.txt"
+        uv_args: list[str | Path] = [
+            _uv(), "pip", "compile", "--no-config", "--quiet", "--no-header", "--only-binary", ":all:",
+            "--python-platform", platform_name, "--python-version", base.python, "--output-file", out, req,
+        ]  # fmt: skip
+        if index:
+            uv_args += ["--extra-index-url", index, "--index-strategy", "unsafe-best-match"]
+        # One line per statement in uv's explanations, whatever the terminal's width.
+        done = cmd.run(uv_args, capture=True, check=False, env={"COLUMNS": "10000", "NO_COLOR": "1"})
+        text = out.read_text(encoding="utf-8") if out.is_file() else ""
+    if done.returncode != 0:
+        verdict: Verdict = "unreachable" if "error sending request" in done.stderr else "failed"
+        packages: tuple[Package, ...] = ()
+        cuda = None
+        problems = _problems(done.stderr)
+    else:
+        packages = parse(text)
+        cuda = torch_cuda(packages)
+        problems = () if cuda == target.cuda else (_torch_problem(target, cuda),)
+        verdict = "ok" if not problems else "failed"
+    return Closure(
+        target=target.id,
+        platform=target.platform,
+        python=base.python,
+        requirements=wanted,
+        verdict=verdict,
+        packages=packages,
+        problems=problems,
+        relaxed=target.relax,
+        seconds=time.monotonic() - start,
+        torch_cuda=cuda,
+    )
+
+
+def _uv() -> str:
+    try:
+        from uv import find_uv_bin
+    except ImportError:
+        raise ToolMissingError("the dependency closure needs uv: pip install uv (a dependency of sparkbuild)") from None
+    return str(find_uv_bin())
+
+
+def parse(text: str) -> tuple[Package, ...]:
+    """``name==version`` lines of a uv requirements file, each with the requirements it is there for."""
+    found: list[Package] = []
+    name = version = ""
+    via: list[str] = []
+
+    def flush() -> None:
+        if name:
+            found.append(Package(name=name, version=version, via=tuple(via)))
+
+    for line in text.splitlines():
+        if match := _PIN.match(line):
+            flush()
+            name, version, via = match.group(1).lower(), match.group(2), []
+        elif line.strip().startswith("#"):
+            entry = line.strip().lstrip("#").strip()
+            entry = entry.removeprefix("via").strip()
+            if entry and not entry.startswith("from "):
+                via.append(entry)
+    flush()
+    return tuple(found)
+
+
+def torch_cuda(packages: tuple[Package, ...]) -> str | None:
+    """The CUDA version torch resolved to: its local version (``+cu129``), else the CUDA runtime wheel
+    torch itself pulls in (through its own requirements, not the image's JIT toolkit); None for a
+    CPU build."""
+    torch = next((p for p in packages if p.name == "torch"), None)
+    if torch is None:
+        return None
+    if match := re.search(r"\+cu(\d+)(\d)$", torch.version):
+        return f"{match.group(1)}.{match.group(2)}"
+    runtime = next((p for p in packages if _CUDA_RUNTIME.match(p.name) and p.name in requires(packages, "torch")), None)
+    return ".".join(runtime.version.split(".")[:2]) if runtime else None
+
+
+def requires(packages: tuple[Package, ...], name: str) -> set[str]:
+    """Every package ``name`` brings in, directly or not (the ``via`` links, followed backwards)."""
+    found: set[str] = set()
+    todo = [name]
+    while todo:
+        current = todo.pop()
+        for p in packages:
+            if current in p.via and p.name not in found:
+                found.add(p.name)
+                todo.append(p.name)
+    return found
+
+
+def _torch_problem(target: Target, found: str | None) -> str:
+    build = "a CPU build" if found is None else f"the CUDA {found} build"
+    return (
+        f"torch=={target.torch} resolves to {build} for {target.platform}; the target asks for CUDA {target.cuda}. "
+        "Name a torch whose wheel for this platform is a CUDA build (torch_index: the PyTorch index of that CUDA)"
+    )
+
+
+def _problems(stderr: str) -> tuple[str, ...]:
+    """uv's explanation: the failing requirement with its chain ("Because A depends on B and B has no wheels...")."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    kept = [
+        line.removeprefix("cause:").strip()
+        for line in lines
+        if line.startswith(("cause:", "hint:", "error:")) or "Because" in line
+    ]
+    return tuple(dict.fromkeys(kept or lines[-5:]))
+
+
+def require(found: Closure) -> None:
+    if found.ok:
+        return
+    what = "cannot be checked here" if found.verdict == "unreachable" else "cannot be installed"
+    raise BuildError(
+        f"the runtime of {found.target} {what} for {found.platform}, Python {found.python}: {'; '.join(found.problems)}"
+    )
+
+
+def log_closure(found: Closure) -> None:
+    (log.info if found.ok else log.warning)(found.text())

@@ -1,0 +1,185 @@
+"""The Spark build rehearsed here, for real: `sparkbuild rehearse --offline` of the shipped
+vllm-0.33.0-cu130-sm121 target, from local git remotes made from the real 0.33.0 and FlashInfer
+0.7.2.post1 sdists, on CUDA bases made from NVIDIA's PyPI wheels.
+
+Every stage template is built with BuildKit; vLLM's own CMake configure runs for the target's arch
+list and is audited for the Spark's GPU; the units the patch set changed are compiled with nvcc and
+checked with cuobjdump; the runtime image runs its checks. Then the same rehearsal is made to fail
+the way users fear: an arch list whose cubins do not load on sm_121, and a patched unit that does
+not compile for the code it gets.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from builder import externals, plan, sources
+from builder.options import Options
+from tests.conftest import ROOT, run_sparkbuild
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+TARGET = "vllm-0.33.0-cu130-sm121"
+
+
+# The build machine as the plan sees it, fixed so the test knows the jobs it must give the compile.
+RESOURCES = {"SPARKBUILD_BUILD_MEMORY_GB": "24", "SPARKBUILD_BUILD_CORES": "2"}
+
+
+def rehearse(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return run_sparkbuild("rehearse", "--offline", "--json", *args, env={"SPARKBUILD_OUT": str(out), **RESOURCES})
+
+
+@pytest.fixture(scope="module")
+def rehearsed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("rehearse")
+    done = rehearse(out, "--only", TARGET)
+    assert done.returncode == 0, done.stderr[-4000:]
+    (result,) = json.loads(done.stdout)
+    return {**result, "out": out}
+
+
+def test_every_stage_of_the_shipped_target_is_built(rehearsed: dict[str, Any]) -> None:
+    assert rehearsed["status"] == "rehearsed" and rehearsed["error"] is None
+    assert [s["stage"] for s in rehearsed["stages"]] == ["flashinfer", "vllm", "runtime"]
+    assert rehearsed["image"].startswith(f"sparkbuild/rehearsal:{TARGET}-")
+    # What came from where: the real sdists, and marked stand-ins for what only GitHub has.
+    assert "vllm-0.33.0.git" in rehearsed["sources"] and "PyPI sdist vllm-0.33.0" in rehearsed["sources"]
+    assert "PyPI sdist flashinfer_python-0.7.2.post1" in rehearsed["sources"]
+    assert "STAND-IN cutlass-" in rehearsed["sources"]
+    # This sandbox's PyPI copy lacks vLLM 0.33.0's certifi pin: said, never silent.
+    assert rehearsed["relaxed"] == ["certifi"]
+
+
+def test_the_audit_lists_every_unit_with_its_code_and_passes(rehearsed: dict[str, Any]) -> None:
+    audit = rehearsed["preflight"]
+    assert audit["ok"] and audit["device"] == "12.1"
+    units = {u["file"]: u for u in audit["units"]}
+    assert len(units) > 100 and audit["counts"]["none"] == 0
+    # Family cubins for the FP4 kernels, plain sm_120 for the rest; Marlin only as PTX, JIT-compiled.
+    assert units["csrc/quantization/fp4/nvfp4_quant_kernels.cu"]["codes"] == ["sm_120f"]
+    assert units["csrc/quantization/marlin/marlin.cu"]["verdict"] == "ptx-only"
+    assert all(u["verdict"] in ("sass", "ptx-only") for u in units.values())
+    # The stand-ins are named, each with its variable, and nothing was cloned.
+    tree = sources.vllm_sdist("0.33.0", Options.from_env().cache)
+    assert set(audit["stubbed"]) == {e.env for e in externals.scan(tree)} | {"VLLM_CUTLASS_SRC_DIR"}
+    # Every source CMake would clone came from the source stage: FetchContent was disconnected.
+    found = json.loads((rehearsed["out"] / TARGET / "preflight" / "preflight.json").read_text())
+    assert {k for k, v in found["src_dirs"].items() if v.startswith("/src/externals/")} == {e.env for e in externals.scan(tree)}
+    configure = (rehearsed["out"] / TARGET / "preflight" / "configure.log").read_text()
+    assert "DeepGEMM using local DEEPGEMM_SRC_DIR: /src/externals/deepgemm" in configure
+
+
+def test_the_patched_units_compile_and_carry_code_for_the_spark(rehearsed: dict[str, Any]) -> None:
+    audit = rehearsed["preflight"]
+    assert "csrc/quantization/fp4/nvfp4_utils.cuh" in audit["changed_files"]  # e2m1-software
+    compiled = {c["file"]: c for c in audit["compiled"]}
+    assert "csrc/quantization/fp4/nvfp4_quant_kernels.cu" in compiled and "csrc/nvfp4_kv_cache_kernels.cu" in compiled
+    for unit in compiled.values():
+        assert unit["ok"] and unit["runs_on_device"], unit
+        assert unit["codes"] == ["sm_120"]  # cuobjdump prints the sm_120f family cubin as sm_120
+
+
+def test_the_runtime_image_checks_pass(rehearsed: dict[str, Any]) -> None:
+    checks = rehearsed["checks"]
+    assert checks["torch"]["cuda"].startswith("13.0")
+    assert checks["vllm"]["version"].startswith("0.33.0")
+    assert checks["triton"]["stub_bytes"] > 0 and checks["triton"]["compiler"]
+    assert checks["cuda_jit"]["nvcc"] == "13.0"
+    assert checks["flashinfer"]["version"] == "0.7.2.post1" and checks["flashinfer"]["cuda_path"] == "/opt/sparkbuild/cuda"
+    assert set(checks["companions"]) == {"torchvision", "torchaudio", "torchcodec"}
+    assert checks["companions"]["torchvision"].startswith("0.29.0")  # vLLM 0.33.0's own pin
+    assert checks["multi_node"]["libibverbs.so.1"] == "loads" and checks["multi_node"]["ray"]
+
+
+def test_the_compile_gets_the_plans_build_jobs(rehearsed: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in RESOURCES.items():
+        monkeypatch.setenv(key, value)
+    (p,) = plan.make(Options.from_env(only=(TARGET,)))
+    assert p.jobs is not None and p.jobs.compiles == 2
+    done = subprocess.run(
+        ["docker", "run", "--rm", "--entrypoint", "cat", rehearsed["image"], "/opt/sparkbuild/build-env.txt"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.split()[:2] == [f"MAX_JOBS={p.jobs.max_jobs}", f"NVCC_THREADS={p.jobs.nvcc_threads}"]
+
+
+# --- made to fail ---------------------------------------------------------------------------------
+
+# A fault no shipped configuration of 0.33.0 produces for real (its FP4 units all get family code, so
+# the hardware conversion assembles): the native E2M1 instruction in a unit that gets a plain sm_120
+# cubin, the fault e2m1-software exists for. Injected by a diff patch applied like any other.
+INJECTED = """\
+--- a/csrc/quantization/fp4/nvfp4_quant_entry.cu
++++ b/csrc/quantization/fp4/nvfp4_quant_entry.cu
+@@ -1,1 +1,6 @@
++__global__ void sparkbuild_injected(float const* x, unsigned* out) {
++  unsigned r;
++  asm volatile("{ .reg .b8 b; cvt.rn.satfinite.e2m1x2.f32 b, %1, %2; cvt.u32.u8 %0, b; }" : "=r"(r) : "f"(x[0]), "f"(x[1]));
++  out[0] = r;
++}
+{first}
+"""
+PATCH_YAML = """\
+summary: Test fault, injected (tests/spark/test_rehearsal.py); never shipped.
+why: The hardware E2M1 conversion in a unit that gets plain sm_120 code.
+component: vllm
+versions: ">=0.33"
+upstream: {{fixed_in: null, links: []}}
+change: {{diff: fault.diff}}
+"""
+
+
+@pytest.fixture(scope="module")
+def variants(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shipped matrix whose target comes twice more, each with one key changed, and the patches
+    folder with the fault beside the shipped patches."""
+    folder = tmp_path_factory.mktemp("variants")
+    shutil.copytree(ROOT / "patches", folder / "patches")
+    tree = sources.vllm_sdist("0.33.0", Options.from_env().cache)
+    first = (tree / "csrc/quantization/fp4/nvfp4_quant_entry.cu").read_text().splitlines()[0]
+    (folder / "patches" / "zz-test-fault").mkdir()
+    (folder / "patches" / "zz-test-fault" / "fault.diff").write_text(INJECTED.format(first=f" {first}"))
+    (folder / "patches" / "zz-test-fault" / "patch.yaml").write_text(PATCH_YAML.format())
+    shipped = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    (target,) = [t for t in shipped["targets"] if t.get("id") == TARGET]
+    shipped["targets"] = [
+        {**target, "id": "vllm-0.33.0-cu130-sm120a", "arch_list": "12.0a"},
+        {**target, "id": "vllm-0.33.0-cu130-fault", "patches": [*target["patches"], "zz-test-fault"]},
+    ]
+    (folder / "matrix.yaml").write_text(yaml.safe_dump(shipped, sort_keys=False))
+    return folder / "matrix.yaml"
+
+
+def test_an_arch_list_whose_cubins_do_not_load_on_sm121_fails_naming_the_units(variants: Path, tmp_path: Path) -> None:
+    done = rehearse(tmp_path, "--matrix", str(variants), "--only", "vllm-0.33.0-cu130-sm120a")
+    assert done.returncode == 8, done.stderr[-3000:]
+    (result,) = json.loads(done.stdout)
+    audit = result["preflight"]
+    assert result["status"] == "failed (preflight)" and not audit["ok"]
+    failing = {u["file"] for u in audit["units"] if u["verdict"] == "none"}
+    assert len(failing) > 100 and all(u["codes"] == ["sm_120a"] for u in audit["units"] if u["verdict"] == "none")
+    assert "csrc/quantization/fp4/nvfp4_quant_kernels.cu" in failing
+    assert (
+        "cannot serve sm_121" in result["error"] and "csrc/quantization/fp4/nvfp4_quant_kernels.cu (sm_120a)" in result["error"]
+    )
+    assert result["stages"] == []  # stopped before any stage was built
+
+
+def test_a_patched_unit_that_does_not_compile_for_its_code_fails_naming_it(variants: Path, tmp_path: Path) -> None:
+    done = rehearse(tmp_path, "--matrix", str(variants), "--only", "vllm-0.33.0-cu130-fault")
+    assert done.returncode == 8, done.stderr[-3000:]
+    (result,) = json.loads(done.stdout)
+    compiled = {c["file"]: c for c in result["preflight"]["compiled"]}
+    fault = compiled["csrc/quantization/fp4/nvfp4_quant_entry.cu"]
+    assert not fault["ok"] and "not supported on .target 'sm_120'" in fault["error"]
+    assert compiled["csrc/quantization/fp4/nvfp4_quant_kernels.cu"]["ok"]  # the other units still compile
+    assert "csrc/quantization/fp4/nvfp4_quant_entry.cu (does not compile)" in result["error"]
