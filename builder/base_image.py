@@ -60,7 +60,7 @@ def recipe(base: Base, platform: str) -> dict[str, object]:
         cuda = base.cuda_wheels
         return {
             "cuda_wheels": {"toolkit": cuda.toolkit, "flavor": cuda.flavor, "components": sorted(cuda.components)},
-            "on": reference(cuda.on, platform)[1],
+            "on": reference(cuda.base, platform)[1],
             "platform": platform,
             "version": CUDA_RECIPE_VERSION,
         }
@@ -116,7 +116,7 @@ def requirement(cuda: CudaWheels) -> str:
 
 
 def _make_cuda(engine: Engine, cuda: CudaWheels, ref: str, platform: str, work: Path) -> None:
-    on = ensure(engine, cuda.on, platform, work)
+    on = ensure(engine, cuda.base, platform, work)
     with log.step(f"Making base image {ref}: CUDA {cuda.toolkit} ({cuda.flavor}) from PyPI wheels on {on}"):
         wheels = download_wheels(cuda, platform, work / "cuda-wheels" / f"{cuda.toolkit}-{ARCH[platform]}")
         with tempfile.TemporaryDirectory(dir=work, prefix="cuda-") as tmp:
@@ -144,7 +144,7 @@ def _make_cuda(engine: Engine, cuda: CudaWheels, ref: str, platform: str, work: 
 def download_wheels(cuda: CudaWheels, platform: str, dest: Path) -> tuple[Path, ...]:
     """Every wheel of the toolkit for ``platform``, resolved and downloaded by pip (hashes checked by pip)."""
     dest.mkdir(parents=True, exist_ok=True)
-    python = (cuda.on.python or "3").replace(".", "")
+    python = (cuda.base.python or "3").replace(".", "")
     args = [
         sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--quiet",
         "--only-binary=:all:", *(f"--platform={tag}" for tag in platform_tags(platform)),

@@ -198,6 +198,26 @@ def rehearse_cmd(matrix: Path | None, only: tuple[str, ...], lock: Path | None, 
         raise errors.LaneFailed(f"rehearse: {len(failed)} of {len(results)} target(s) failed: {', '.join(failed)}")
 
 
+@cli.command("accept")
+@selection
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@waiting
+def accept_cmd(as_json: bool, **kwargs: Any) -> None:
+    """Build one target, check its binaries, verify it on the GPU; write accept.json and accept.md to attach to an issue."""
+    from builder import accept, runlock
+
+    opts = make_options(**kwargs)
+    with runlock.run(opts.cache, wait=opts.wait):
+        result = accept.accept(opts)
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        click.echo(result.markdown())
+    failed = next((s.error for s in result.steps if s.error is not None), None)
+    if failed is not None:
+        raise failed  # its own exit code; the report is written
+
+
 @cli.command("closure")
 @click.option("--matrix", type=click.Path(path_type=Path), help="Matrix file (default: matrix.yaml).")
 @click.option("--only", multiple=True, metavar="GLOB", help="Only targets whose id matches (repeatable).")

@@ -12,7 +12,7 @@ import math
 import re
 import string
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -142,7 +142,8 @@ class CudaWheels:
     ``components`` are its extras (``nvcc``, ``cublas``, ...), by default the flavor's list.
     """
 
-    on: Base
+    # The debootstrap base the toolkit is laid on.
+    base: Base
     toolkit: str
     flavor: Literal["devel", "runtime"]
     components: tuple[str, ...]
@@ -234,6 +235,15 @@ class Matrix:
     upstreams: dict[str, str]
     bases: dict[str, Base]
     rehearsal: Rehearsal = Rehearsal(platform=None, bases={})
+    # URL prefix -> replacement, for the sources vLLM's CMake files name (a firewalled team's mirror).
+    mirrors: dict[str, str] = field(default_factory=dict)
+
+    def mirrored(self, url: str) -> str:
+        """``url`` through the longest ``mirrors:`` prefix it starts with."""
+        for prefix in sorted(self.mirrors, key=len, reverse=True):
+            if url.startswith(prefix):
+                return self.mirrors[prefix] + url[len(prefix) :]
+        return url
 
     @property
     def unpinned_images(self) -> tuple[str, ...]:
@@ -300,11 +310,11 @@ def _tag_template(doc: Located, path: DocPath, value: Any) -> str:
         parts = list(string.Formatter().parse(text))
     except ValueError as exc:
         raise doc.fail(path, f"'{text}' is not a tag template ({exc}); placeholders are {{{'}, {'.join(TAG_FIELDS)}}}") from None
-    for _, field, spec, conversion in parts:
-        if field is not None and field not in TAG_FIELDS:
-            raise doc.fail(path, f"unknown placeholder '{{{field}}}'.{validate.suggest(field, TAG_FIELDS)}")
+    for _, name, spec, conversion in parts:
+        if name is not None and name not in TAG_FIELDS:
+            raise doc.fail(path, f"unknown placeholder '{{{name}}}'.{validate.suggest(name, TAG_FIELDS)}")
         if spec or conversion:
-            raise doc.fail(path, f"'{text}': write placeholders plainly ({{{field}}}), without '!' or ':'")
+            raise doc.fail(path, f"'{text}': write placeholders plainly ({{{name}}}), without '!' or ':'")
     sample = text.format(vllm_version="0.0.0", date="20260101", id="x")
     if not _TAG_RE.match(sample):
         raise doc.fail(path, f"'{text}' does not make a valid image tag ([A-Za-z0-9_.-], at most 128)")
@@ -451,7 +461,7 @@ REQUIRED_KEYS = ("profile", "vllm", "torch", "base", "check")
 MAX_COMBINATIONS = 256
 MAX_TARGETS = 512
 ENTRY_ONLY_KEYS = ("matrix", "include", "exclude")
-TOP_KEYS = ("defaults", "checks", "bases", "targets", "patches_dir", "upstreams", "rehearsal")
+TOP_KEYS = ("defaults", "checks", "bases", "targets", "patches_dir", "upstreams", "rehearsal", "mirrors")
 
 # A value together with where it came from, so errors point at the layer that set it.
 Sourced = tuple[Any, Located, DocPath]
@@ -507,6 +517,7 @@ def load(file: Path, pins: lock.Lock | None = None) -> Matrix:
         upstreams=upstreams,
         bases=bases,
         rehearsal=_rehearsal(doc, top.get("rehearsal"), bases),
+        mirrors=_mirrors(doc, top.get("mirrors", {})),
     )
 
 
@@ -536,6 +547,11 @@ def _requirement_name(doc: Located, path: DocPath, value: Any) -> str:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", text):
         raise doc.fail(path, f"'{text}' is not a distribution name (a bare name like certifi, no version)")
     return text
+
+
+def _mirrors(doc: Located, value: Any) -> dict[str, str]:
+    spec = validate.mapping(doc, ("mirrors",), value, validate.any_key(value))
+    return {_repo(doc, ("mirrors",), prefix): _repo(doc, ("mirrors", prefix), url) for prefix, url in spec.items()}
 
 
 def _upstreams(doc: Located, defaults_doc: Located, value: Any) -> dict[str, str]:
@@ -775,7 +791,7 @@ def _prompt(doc: Located, path: DocPath, value: dict[str, Any]) -> Prompt:
 
 
 BASE_KINDS = ("image", "debootstrap", "cuda_wheels")
-CUDA_WHEELS_KEYS = ("on", "toolkit", "flavor", "components")
+CUDA_WHEELS_KEYS = ("base", "toolkit", "flavor", "components")
 _PYTHON_RE = re.compile(r"^3\.\d{1,2}$")
 
 
@@ -812,7 +828,7 @@ def _distribution(
             raise doc.fail((*path, key), f'\'{text}\' is not a version like "3.12" (python) or "2.39" (glibc)')
         return text
     if cuda is not None:
-        inherited: str | None = getattr(cuda.on, key)
+        inherited: str | None = getattr(cuda.base, key)
         return inherited
     if deb is not None:
         known: dict[str, dict[str, str]] = defaults_doc.data["debian"]
@@ -824,12 +840,12 @@ def _cuda_wheels(doc: Located, defaults_doc: Located, path: DocPath, value: Any,
     if value is None:
         return None
     spec = validate.mapping(doc, path, value, CUDA_WHEELS_KEYS)
-    on = validate.text(doc, (*path, "on"), validate.require(doc, path, spec, "on"))
+    on = validate.text(doc, (*path, "base"), validate.require(doc, path, spec, "base"))
     base = made.get(on)
     if base is None or base.debootstrap is None:
         debootstrapped = [n for n, b in made.items() if b.debootstrap is not None]
         raise doc.fail(
-            (*path, "on"),
+            (*path, "base"),
             f"'{on}' is not a debootstrap base of this matrix.{validate.suggest(on, debootstrapped)} "
             f"Debootstrap bases: {', '.join(debootstrapped) or 'none'}",
         )
@@ -842,7 +858,7 @@ def _cuda_wheels(doc: Located, defaults_doc: Located, path: DocPath, value: Any,
         components = texts(doc, (*path, "components"), spec["components"])
     else:
         components = texts(defaults_doc, ("cuda_wheels", flavor), defaults_doc.data["cuda_wheels"][flavor])
-    return CudaWheels(on=base, toolkit=toolkit, flavor=flavor, components=components)
+    return CudaWheels(base=base, toolkit=toolkit, flavor=flavor, components=components)
 
 
 def _debootstrap(doc: Located, path: DocPath, value: Any) -> Debootstrap | None:

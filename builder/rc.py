@@ -111,7 +111,7 @@ def rc(opts: Options, *, dry_run: bool = False, table_to_stderr: bool = False) -
     found = None
     if any(t.profile == "spark" for t in targets) and not dry_run:
         with log.step(f"External projects of vLLM {candidate.tag}"):
-            found = resolve.externals_at(opts, candidate.repo, candidate.commit, {})
+            found = resolve.externals_at(opts, candidate.repo, candidate.commit, {}, m.mirrored)
     plans = [plan.plan_target(for_candidate(t, candidate, found), m.patches_dir, opts) for t in targets]
     runs = [TargetRun(p) for p in plans]
     path = state_file(opts)

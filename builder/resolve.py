@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -82,7 +83,7 @@ def resolve(opts: Options) -> Result:
     previous = lock.read(path) if path.is_file() else lock.Lock()
     m = matrix.load(opts.matrix)  # without the old lock: every ref is asked again
     git_pins = _pin_git(opts, m.targets, previous)
-    found, external_pins = _pin_externals(opts, m.targets, git_pins, previous)
+    found, external_pins = _pin_externals(opts, m, git_pins, previous)
     pins = [*git_pins, *external_pins, *_pin_images(m, previous)]
     new = lock.Lock(
         git=_nested((p.source, p.ref, p.value) for p in pins if p.how in ("ls-remote", "mirror")),
@@ -130,9 +131,12 @@ def _pin_git(opts: Options, targets: tuple[matrix.Target, ...], previous: lock.L
 CMAKE_PATHS = (externals.FOLDER, "CMakeLists.txt")
 
 
-def externals_at(opts: Options, repo: str, commit: str, remotes: dict[str, gitrepo.RemoteRefs]) -> tuple[externals.External, ...]:
+def externals_at(
+    opts: Options, repo: str, commit: str, remotes: dict[str, gitrepo.RemoteRefs], mirrored: Callable[[str], str] = str
+) -> tuple[externals.External, ...]:
     """The external projects vLLM ``commit`` declares, each pinned: a full SHA in its CMake file
-    pins itself; a tag or branch is asked of its repository (``ls-remote``), never guessed."""
+    pins itself; a tag or branch is asked of its repository (``ls-remote``), never guessed. Each
+    repository goes through ``mirrored`` (the matrix's ``mirrors:``), which the source stage then fetches."""
     mirror = gitrepo.Mirror(opts.cache, repo)
     with tempfile.TemporaryDirectory() as tmp:
         tree = mirror.extract(commit, CMAKE_PATHS, Path(tmp))
@@ -141,7 +145,7 @@ def externals_at(opts: Options, repo: str, commit: str, remotes: dict[str, gitre
         except externals.ScanError as exc:
             raise ConfigError(f"vLLM {commit[:12]}: {exc}") from None
     pinned = []
-    for e in declared:
+    for e in (replace(d, repo=mirrored(d.repo)) for d in declared):
         if e.env is None:
             raise ConfigError(
                 f"vLLM {commit[:12]}: {e.file} clones {e.repo} with no *_SRC_DIR variable to hand it a local tree; "
@@ -157,13 +161,13 @@ def externals_at(opts: Options, repo: str, commit: str, remotes: dict[str, gitre
 
 
 def _pin_externals(
-    opts: Options, targets: tuple[matrix.Target, ...], git_pins: list[Pin], previous: lock.Lock
+    opts: Options, m: matrix.Matrix, git_pins: list[Pin], previous: lock.Lock
 ) -> tuple[dict[str, list[dict[str, Any]]], list[Pin]]:
     vllm = {(p.source, p.ref): p.value for p in git_pins if p.name.startswith("vllm ")}
     found: dict[str, list[dict[str, Any]]] = {}
     pins: list[Pin] = []
     remotes: dict[str, gitrepo.RemoteRefs] = {}
-    for t in targets:
+    for t in m.targets:
         if t.profile != "spark" or t.vllm.kind not in ("version", "ref"):
             continue
         git = t.vllm.git()
@@ -172,7 +176,7 @@ def _pin_externals(
         if key in found:
             continue
         with log.step(f"External projects of vLLM {git.ref} ({commit[:12]})"):
-            pinned = externals_at(opts, git.repo, commit, remotes)
+            pinned = externals_at(opts, git.repo, commit, remotes, m.mirrored)
         found[key] = [e.to_json() for e in pinned]
         before = {e.name: e.commit for e in previous.externals_of(git.repo, commit) or ()}
         for e in pinned:

@@ -32,9 +32,9 @@ SINCE = Version("0.10.0")
 TREES = "patch-trees"
 STAMP = ".sparkbuild-slice.json"
 # Beside what the rules read: the version (PKG-INFO), the pins (requirements/, the FlashInfer a
-# version's sink calls are checked against), and all of csrc/ (the compile tests need the headers
-# around each patched file).
-KEEP = ("PKG-INFO", "requirements/**", "csrc/**")
+# version's sink calls are checked against), all of csrc/ (the compile tests need the headers
+# around each patched file), and setup.py (the plan runs its get_requirements and compute_num_jobs).
+KEEP = ("PKG-INFO", "requirements/**", "csrc/**", "setup.py")
 
 
 @dataclass(frozen=True)

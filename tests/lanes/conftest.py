@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import sources
+from builder import externals, sources
 from builder.options import Options
 from tests.conftest import ROOT, git, git_daemon, run_sparkbuild
 
@@ -77,6 +77,8 @@ def spark_matrix(path: Path, upstream: Upstream, vllm: str, image: str) -> Path:
         upstreams:
           vllm: {upstream.url}/vllm
           cutlass: {upstream.url}/cutlass
+        mirrors:
+          "https://github.com/": {upstream.url}/github/
         targets:
           - profile: spark
             id: resolve-test
@@ -126,5 +128,24 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
     git("init", "--quiet", "--initial-branch=main", cwd=cutlass)
     shas["cutlass"] = commit(cutlass, "CUTLASS 4.2.1 stand-in")
     git("tag", "v4.2.1", cwd=cutlass)
+    shas |= external_stand_ins(root / "github", ("0.32.0", "0.33.0"), cache)
     with git_daemon(root) as url:
         yield Upstream(url=url, repo=repo, shas=shas)
+
+
+def external_stand_ins(folder: Path, versions: tuple[str, ...], cache: Path) -> dict[str, str]:
+    """A repository for each project the releases' CMake files clone from GitHub, at the path its URL
+    has below https://github.com/ (served through the matrix's mirrors:), its tag ref tagged."""
+    made: dict[str, str] = {}
+    for version in versions:
+        for e in externals.scan(sources.vllm_sdist(version, cache)):
+            repo = folder / e.repo.removeprefix("https://github.com/")
+            if not (repo / ".git").is_dir():
+                repo.mkdir(parents=True)
+                (repo / "README").write_text(f"stand-in for {e.repo}\n")
+                git("init", "--quiet", "--initial-branch=main", cwd=repo)
+                made[e.repo] = commit(repo, f"{e.name} stand-in")
+            if not re.fullmatch(r"[0-9a-f]{40}", e.ref):
+                git("tag", "--force", e.ref, cwd=repo)
+                made[f"{e.repo}@{e.ref}"] = made[e.repo]
+    return made

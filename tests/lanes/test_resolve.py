@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import requests
 
-from builder import lock, plan
+from builder import externals, lock, plan, sources
 from builder.options import Options
 from builder.registry import Registry
 from tests.conftest import git
@@ -50,6 +51,7 @@ def test_resolve_pins_every_ref_and_image_and_the_build_reads_the_lock(
     opts = Options.from_env(matrix=matrix, cache=tmp_path / "cache")
     (before,) = plan.make(opts)
     assert set(before.unresolved) == {"vllm v0.33.0", "triton releases/v0.33", "cutlass v4.2.1", f"base cuda-devel ({image})"}
+    declared = externals.scan(sources.vllm_sdist("0.33.0", Options.from_env().cache))
 
     result = sparkbuild("resolve", "--matrix", str(matrix), "--json", cache=tmp_path / "cache")
     assert result.returncode == 0, result.stderr
@@ -58,13 +60,30 @@ def test_resolve_pins_every_ref_and_image_and_the_build_reads_the_lock(
     assert pins["cutlass v4.2.1"]["value"] == upstream.shas["cutlass"]
     assert pins["triton releases/v0.33"]["value"] == upstream.shas["v0.33.0"]
     assert pins["base cuda-devel"]["value"] == digest
-    assert {p["change"] for p in pins.values()} == {"new"}
+    assert {p["change"] for p in pins.values()} <= {"new", "pinned by vLLM's CMake file"}
+    # The sources vLLM's CMake files clone, read from the pinned commit and pinned through the mirror:
+    # a commit in the CMake file pins itself, a tag is asked of its repository.
+    for e in declared:
+        pin = pins[f"{e.name} {e.ref}"]
+        assert pin["source"] == e.repo.replace("https://github.com/", f"{upstream.url}/github/")
+        if re.fullmatch(r"[0-9a-f]{40}", e.ref):
+            assert (pin["value"], pin["how"]) == (e.ref, "cmake")
+        else:
+            assert (pin["value"], pin["how"]) == (upstream.shas[f"{e.repo}@{e.ref}"], "ls-remote")
 
     written = lock.read(lock.default_path(matrix))
     assert written.commit(f"{upstream.url}/vllm", "v0.33.0") == upstream.shas["v0.33.0"]
     assert written.digest(image) == digest
     (after,) = plan.make(opts)
     assert after.unresolved == ()
+    assert after.target.externals is not None
+    assert [e.name for e in after.target.externals] == [e.name for e in declared]
+    # The source stage fetches each at its commit and points CMake at it: the compile clones nothing.
+    vllm_stage = next(s for s in after.stages if s.name == "vllm").rendered.dockerfile
+    for e in after.target.externals:
+        assert f"git-at-commit {e.repo} {e.commit} /src/externals/{e.name}" in vllm_stage
+        assert f"{e.env}={e.path} " in vllm_stage
+    assert "CMAKE_ARGS=-DFETCHCONTENT_FULLY_DISCONNECTED=ON" in vllm_stage
     assert after.target.vllm.commit == upstream.shas["v0.33.0"]
     assert after.base_ref == f"{image}@{digest}"
     assert after.content_tag != before.content_tag

@@ -126,15 +126,15 @@ INJECTED = """\
 +  asm volatile("{ .reg .b8 b; cvt.rn.satfinite.e2m1x2.f32 b, %1, %2; cvt.u32.u8 %0, b; }" : "=r"(r) : "f"(x[0]), "f"(x[1]));
 +  out[0] = r;
 +}
-{first}
+FIRST
 """
 PATCH_YAML = """\
 summary: Test fault, injected (tests/spark/test_rehearsal.py); never shipped.
 why: The hardware E2M1 conversion in a unit that gets plain sm_120 code.
 component: vllm
 versions: ">=0.33"
-upstream: {{fixed_in: null, links: []}}
-change: {{diff: fault.diff}}
+upstream: {fixed_in: null, links: []}
+change: {diff: fault.diff}
 """
 
 
@@ -147,8 +147,8 @@ def variants(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tree = sources.vllm_sdist("0.33.0", Options.from_env().cache)
     first = (tree / "csrc/quantization/fp4/nvfp4_quant_entry.cu").read_text().splitlines()[0]
     (folder / "patches" / "zz-test-fault").mkdir()
-    (folder / "patches" / "zz-test-fault" / "fault.diff").write_text(INJECTED.format(first=f" {first}"))
-    (folder / "patches" / "zz-test-fault" / "patch.yaml").write_text(PATCH_YAML.format())
+    (folder / "patches" / "zz-test-fault" / "fault.diff").write_text(INJECTED.replace("FIRST", f" {first}"))
+    (folder / "patches" / "zz-test-fault" / "patch.yaml").write_text(PATCH_YAML)
     shipped = yaml.safe_load((ROOT / "matrix.yaml").read_text())
     (target,) = [t for t in shipped["targets"] if t.get("id") == TARGET]
     shipped["targets"] = [
