@@ -276,27 +276,35 @@ FIXED_IDENTITY = {
 def commit_tree(tree: Path, repo: Path, message: str, tag: str | None = None) -> str:
     """A bare repository at ``repo`` whose one commit holds ``tree`` (tagged ``tag``); returns the commit.
 
-    Deterministic: the same files give the same commit on every machine.
+    Deterministic: the same files give the same commit on every machine. Made aside and renamed, so
+    an interrupted run never leaves a half-made repository where a finished one is expected.
     """
-    if repo.is_dir() and (repo / "HEAD").is_file():
-        existing = _git(["rev-parse", "--verify", "--quiet", "HEAD^{commit}"], cwd=repo)
-        if existing and _git(["log", "-1", "--format=%s", "HEAD"], cwd=repo) == message:
-            return existing
-        shutil.rmtree(repo)
-    repo.parent.mkdir(parents=True, exist_ok=True)
-    _git(["init", "--quiet", "--bare", str(repo)])
+    if (repo / "HEAD").is_file():
+        try:
+            existing = _git(["log", "-1", "--format=%H %s", "HEAD"], cwd=repo)
+        except SourceError:
+            existing = ""
+        commit, _, subject = existing.partition(" ")
+        if subject == message:
+            return commit
+    partial = repo.with_name(repo.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    _git(["init", "--quiet", "--bare", str(partial)])
     # The tree's own .gitignore applies, as in the upstream repository; sparkbuild's stamp stays out.
-    (repo / "info").mkdir(exist_ok=True)
-    (repo / "info" / "exclude").write_text(".sparkbuild-unpacked\n", encoding="utf-8")
-    env = {**os.environ, **_ENV, **FIXED_IDENTITY, "GIT_DIR": str(repo), "GIT_WORK_TREE": str(tree)}
+    (partial / "info").mkdir(exist_ok=True)
+    (partial / "info" / "exclude").write_text(".sparkbuild-unpacked\n", encoding="utf-8")
+    env = {**os.environ, **_ENV, **FIXED_IDENTITY, "GIT_DIR": str(partial), "GIT_WORK_TREE": str(tree)}
     for args in (["add", "--all"], ["commit", "--quiet", "-m", message]):
         log.info(cmd.show(["git", *args]))
         done = subprocess.run(["git", *args], env=env, capture_output=True, text=True, check=False)
         if done.returncode != 0:
-            raise SourceError(f"`git {' '.join(args)}` of {tree} into {repo} failed: {done.stderr.strip()}")
-    commit = _git(["rev-parse", "HEAD"], cwd=repo)
+            raise SourceError(f"`git {' '.join(args)}` of {tree} into {partial} failed: {done.stderr.strip()}")
+    commit = _git(["rev-parse", "HEAD"], cwd=partial)
     if tag:
-        _git(["tag", tag, commit], cwd=repo)
+        _git(["tag", tag, commit], cwd=partial)
+    shutil.rmtree(repo, ignore_errors=True)
+    partial.rename(repo)
     return commit
 
 

@@ -730,6 +730,21 @@ def _profile_rules(merged: dict[str, Sourced], values: dict[str, Any]) -> None:
         for key, example in SPARK_NEEDS.items():
             if values[key] is None:
                 raise src.fail(p, f"the spark profile needs '{key}:' (for example {example})")
+        _arch_list_for_gpu(merged, values)
+
+
+def _arch_list_for_gpu(merged: dict[str, Sourced], values: dict[str, Any]) -> None:
+    """An arch list with no entry of the GPU's major can give it no code at all: say so now. (One of
+    the right major may still miss it, 12.0a for a 12.1 GPU: preflight's audit names those units.)"""
+    major = values["gpu"].split(".")[0]
+    entries = [a for a in re.split(r"[;\s,]+", values["arch_list"]) if a]
+    if not any(a.split(".")[0] == major for a in entries):
+        _, src, p = merged.get("arch_list", merged["vllm"])
+        raise src.fail(
+            p,
+            f"arch_list '{values['arch_list']}' has no {major}.x arch, so nothing it builds runs on the target's "
+            f'GPU {values["gpu"]} (gpu:); the DGX Spark\'s GB10 is 12.1: use arch_list "12.1a"',
+        )
 
 
 def target_id(vllm_version: str, cuda: str | None, arch_list: str, platform: str) -> str:

@@ -66,7 +66,7 @@ def test_the_image_adds_each_serving_default_the_user_did_not_give(
 
 def test_a_gpu_image_asks_docker_for_every_gpu_and_the_host_ipc(engine: Engine, base: str) -> None:
     """What verify asks Docker for a Spark image, read back from the container's host config (no GPU here)."""
-    every_gpu = [{"Driver": "", "Count": -1, "DeviceIDs": None, "Capabilities": [["gpu"]], "Options": {}}]
+    every_gpu = [{"Driver": "", "Count": -1, "DeviceIDs": [], "Capabilities": [["gpu"]], "Options": {}}]
     for gpus, devices, ipc in ((True, every_gpu, ("host",)), (False, None, ("private", "shareable", ""))):
         container = engine.client.containers.create(base, ["true"], **engine_mod.gpu_options(gpus))
         try:

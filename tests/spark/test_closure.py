@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import closure, matrix, sources
+from builder import base_image, closure, matrix, sources
 from builder.errors import BuildError
 from builder.options import Options
 from tests.conftest import ROOT, run_sparkbuild
@@ -69,3 +69,11 @@ def test_a_torch_index_this_machine_cannot_reach_is_said_not_passed() -> None:
     done = run_sparkbuild("closure", "--offline", "--only", "vllm-0.19.0-*", env={})
     assert done.returncode == 5
     assert "unreachable" in done.stdout and "download.pytorch.org/whl/cu129" in done.stdout
+
+
+def test_a_cuda_version_with_no_wheels_is_a_build_error_saying_where_to_look(shipped: matrix.Matrix, tmp_path: Path) -> None:
+    cuda = shipped.bases["trixie-cuda-13.0-devel"].cuda_wheels
+    assert cuda is not None
+    bogus = dataclasses.replace(cuda, toolkit="13.0.99")
+    with pytest.raises(BuildError, match=r"cuda-toolkit\[.*\]==13\.0\.99 .*https://pypi.org/simple/cuda-toolkit/"):
+        base_image.download_wheels(bogus, "linux/amd64", tmp_path)

@@ -308,3 +308,13 @@ def test_hadolint_passes_every_rendered_dockerfile(rendered: dict[str, list[Path
     files = [str(folder / "Dockerfile") for folders in rendered.values() for folder in folders]
     result = subprocess.run([hadolint, "--no-color", *files], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_an_arch_list_with_nothing_for_the_gpu_is_refused_naming_the_target(tmp_path: Path) -> None:
+    shipped = f"patches_dir: {ROOT / 'patches'}\n" + (ROOT / "matrix.yaml").read_text()
+    text = shipped.replace('    cuda: "13.0"\n', '    cuda: "13.0"\n    arch_list: "10.0a"\n', 1)
+    (tmp_path / "m.yaml").write_text(text)
+    with pytest.raises(
+        ConfigError, match=r"m.yaml:\d+: .*arch_list: arch_list '10.0a' has no 12.x arch.*use arch_list \"12.1a\""
+    ):
+        matrix.load(tmp_path / "m.yaml")
