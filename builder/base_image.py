@@ -125,6 +125,7 @@ def _make_cuda(engine: Engine, cuda: CudaWheels, ref: str, platform: str, work: 
             local = context / "root" / "usr" / "local"
             local.mkdir(parents=True)
             unpack_toolkit(wheels, local / f"cuda-{cuda.cuda}")
+            _require_compiler(cuda, local / f"cuda-{cuda.cuda}")
             (local / "cuda").symlink_to(f"cuda-{cuda.cuda}")
             conf = context / "root" / "etc" / "ld.so.conf.d" / "000-sparkbuild-cuda.conf"
             conf.parent.mkdir(parents=True)
@@ -139,6 +140,17 @@ def _make_cuda(engine: Engine, cuda: CudaWheels, ref: str, platform: str, work: 
                 secrets={},
                 log_file=work / "logs" / f"{ref.replace('/', '_').replace(':', '_')}.log",
             )
+
+
+def _require_compiler(cuda: CudaWheels, toolkit: Path) -> None:
+    """A devel base compiles: NVIDIA's PyPI wheels carry the nvcc driver from CUDA 13 on only."""
+    if cuda.flavor == "devel" and not (toolkit / "bin" / "nvcc").is_file():
+        found = sorted(p.name for p in (toolkit / "bin").iterdir()) if (toolkit / "bin").is_dir() else []
+        raise BuildError(
+            f"cuda-toolkit {cuda.toolkit} on PyPI has no nvcc (its bin/ holds {', '.join(found) or 'nothing'}): "
+            "NVIDIA's wheels carry the compiler driver from CUDA 13.0 on. Make a devel base for CUDA >= 13.0 "
+            "from wheels, or use NVIDIA's devel image for this CUDA version"
+        )
 
 
 def download_wheels(cuda: CudaWheels, platform: str, dest: Path) -> tuple[Path, ...]:

@@ -96,13 +96,12 @@ def requirements(target: Target, tree: Path) -> tuple[str, ...]:
     spark: dict[str, Any] = defaults()["spark_runtime"]
     relaxed = set(target.relax)
     own = [r for r in vllm_setup.requirements(tree, target.cuda) if _name(r) not in relaxed]
-    return (
-        f"torch=={target.torch}",
-        *own,
-        *sorted(relaxed),
-        f"cuda-toolkit[{','.join(spark['jit_components'])}]=={target.cuda}.*",
-        *target.runtime_extras,
+    jit = (
+        (f"cuda-toolkit[{','.join(spark['jit_components'])}]=={target.cuda}.*",)
+        if int(target.cuda.split(".")[0]) >= plan.JIT_WHEELS_FROM
+        else ()  # CUDA 12: from NVIDIA's apt repository, not PyPI
     )
+    return (f"torch=={target.torch}", *own, *sorted(relaxed), *jit, *target.runtime_extras)
 
 
 def _name(requirement: str) -> str:

@@ -10,7 +10,8 @@ Each source of a Spark target comes from where a machine with only PyPI can get 
 
 Every stand-in carries a ``.sparkbuild-stub`` file; preflight names each one in its report. Each
 repository holds one commit made deterministically from its files, so a second rehearsal reuses
-every stage. The repositories are served by ``git daemon`` on loopback while the rehearsal runs.
+every stage. The repositories are served by ``git daemon`` on loopback while the rehearsal runs, named ``git://sparkbuild-offline/...``
+in the plan and reached through ``SPARKBUILD_GIT_INSTEADOF``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from builder.errors import ConfigError
 from builder.matrix import GitSource, Target
 
 STUB_MARK = ".sparkbuild-stub"
+# The name the plan gives the local repositories; the daemon's real address is a build argument
+# (SPARKBUILD_GIT_INSTEADOF), so its port never changes a stage's hash.
+URL = "git://sparkbuild-offline"
 STUB_NOTE = "A stand-in made by sparkbuild for an offline rehearsal: the real source is on GitHub.\n"
 CUTLASS_CMAKE = """\
 # sparkbuild's stand-in for CUTLASS's CMakeLists.txt: vLLM uses CUTLASS as headers only
@@ -60,8 +64,8 @@ class Sources:
         extra = (self.flashinfer,) if self.flashinfer else ()
         return (self.vllm, self.cutlass, *extra, *(local for _, local in self.externals))
 
-    def apply(self, target: Target, url: str) -> Target:
-        """``target`` with every git source pointed at these repositories (served at ``url``)."""
+    def apply(self, target: Target, url: str = URL) -> Target:
+        """``target`` with every git source pointed at these repositories (named below ``url``)."""
 
         def git(source: GitSource | None, local: Local | None) -> GitSource | None:
             if source is None or local is None:

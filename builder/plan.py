@@ -29,6 +29,8 @@ STEPS = ("base", "build", "verify", "publish")
 
 
 STAGE_REPOSITORY = "sparkbuild/stages"
+# The first CUDA major whose PyPI wheels carry nvcc (the runtime's JIT compiler comes from PyPI from it on).
+JIT_WHEELS_FROM = 13
 # sparkbuild modules a stage runs as scripts inside the image.
 IMAGE_SCRIPTS = ("cuda_layout.py", "serve_defaults.py", "vllm_setup.py")
 
@@ -261,6 +263,12 @@ def template_variables(target: Target) -> dict[str, Any]:
         "externals": target.externals or (),
         "compile": target.compile,
         "jit_components": ",".join(spark["jit_components"]),
+        # NVIDIA's PyPI wheels carry nvcc from CUDA 13 on (CUDA 12's have ptxas and NVVM only).
+        "jit_from_wheels": target.cuda is not None and int(target.cuda.split(".")[0]) >= JIT_WHEELS_FROM,
+        "jit_home": "/opt/sparkbuild/cuda"
+        if target.cuda and int(target.cuda.split(".")[0]) >= JIT_WHEELS_FROM
+        else "/usr/local/cuda",
+        "cuda_dash": (target.cuda or "").replace(".", "-"),
     }
 
 

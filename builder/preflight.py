@@ -120,6 +120,8 @@ class Report:
     changed_files: tuple[str, ...]
     configure_seconds: float
     compile_seconds: float
+    # The largest compiler process of the patched units' compiles, MB (0: every one a ccache hit).
+    peak_rss_mb: int = 0
 
     @property
     def failing_units(self) -> tuple[Unit, ...]:
@@ -164,6 +166,8 @@ class Report:
             lines.append(f"  patched unit {state}: {c.file} ({c.seconds:.0f}s) [{', '.join(x.label() for x in c.codes)}]")
             if c.error:
                 lines.append("    " + c.error.strip().splitlines()[-1][:300])
+        if self.peak_rss_mb:
+            lines.append(f"  largest compiler process: {self.peak_rss_mb} MB")
         if self.stubbed:
             lines.append(f"  stubbed external projects (their units are stand-ins): {', '.join(self.stubbed)}")
         return "\n".join(lines)
@@ -191,6 +195,7 @@ class Report:
             "changed_files": list(self.changed_files),
             "configure_seconds": self.configure_seconds,
             "compile_seconds": self.compile_seconds,
+            "peak_rss_mb": self.peak_rss_mb,
         }
 
     def require(self) -> None:
@@ -238,6 +243,7 @@ def read(folder: Path, target: str, gpu: str) -> Report:
         changed_files=tuple(data.get("changed_files", ())),
         configure_seconds=float(data.get("configure_seconds", 0.0)),
         compile_seconds=float(data.get("compile_seconds", 0.0)),
+        peak_rss_mb=int(data.get("peak_rss_mb", 0)),
     )
 
 

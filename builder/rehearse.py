@@ -121,7 +121,7 @@ def _one(engine: Engine, m: Matrix, target: Target, opts: Options, url: str | No
             found = offline.prepare(rehearsed, opts.cache)
             result.sources = offline.describe(found)
             log.info(result.sources)
-            rehearsed = found.apply(rehearsed, url)
+            rehearsed = found.apply(rehearsed)
         _require_torch_index(rehearsed)
         # The closure of the image as the runner builds it (its platform and runtime base), with
         # this machine's relaxed pins.
@@ -131,6 +131,9 @@ def _one(engine: Engine, m: Matrix, target: Target, opts: Options, url: str | No
         closure.log_closure(result.closure)
         closure.require(result.closure)
         p = plan.plan_target(rehearsed, m.patches_dir, opts)
+        if url is not None:
+            # The daemon's address: where the source stages fetch from, not part of any hash.
+            p = replace(p, source_args={**p.source_args, "SPARKBUILD_GIT_INSTEADOF": f"{url}/={offline.URL}/"})
         result.status = "preflight"
         result.preflight = build.run_preflight(engine, p, opts)
         result.preflight.require()

@@ -17,6 +17,7 @@ import json
 import os
 import pathlib
 import re
+import resource
 import shlex
 import shutil
 import subprocess
@@ -194,6 +195,9 @@ def main() -> None:
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
         compiled = list(pool.map(lambda item: compile_unit(item[1], args.out, item[0]), enumerate(units)))
     report = {
+        # The largest resident set of any compiler process (cicc, ptxas, ...) these compiles ran:
+        # what the plan's memory per nvcc thread is checked against (a ccache hit runs no compiler).
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024),
         "source": str(args.source),
         "configure_seconds": round(seconds, 1),
         "compile_seconds": round(time.monotonic() - start, 1),
