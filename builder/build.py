@@ -134,7 +134,7 @@ def ensure_stage(engine: Engine, registry: Registry | None, plan: TargetPlan, st
         engine.tag(f"{registry.host}/{stage.ref}", STAGE_REPOSITORY, _tag(stage))
         action = "pulled"
     else:
-        _build_stage(engine, plan, stage, opts, registry)
+        build_stage(engine, plan, stage, opts, registry)
     if not stage.final and registry is not None and not in_registry:
         # Built here, or made by an earlier run without a registry: share it with other runners.
         engine.tag(stage.ref, f"{registry.host}/{STAGE_REPOSITORY}", _tag(stage))
@@ -207,7 +207,7 @@ def stage_args(plan: TargetPlan, stage: StagePlan, registry: Registry | None) ->
     return {render.stage_arg(n): f"{registry.host}/{refs[n]}" for n in stage.rendered.needs}
 
 
-def _build_stage(engine: Engine, plan: TargetPlan, stage: StagePlan, opts: Options, registry: Registry | None = None) -> None:
+def build_stage(engine: Engine, plan: TargetPlan, stage: StagePlan, opts: Options, registry: Registry | None = None) -> None:
     context = write_context(plan, stage, opts.cache / "contexts" / plan.id / stage.name, opts.cache / "contexts")
     labels = plan.labels if stage.final else {"io.sparkbuild.stage": stage.name, "io.sparkbuild.content-hash": stage.content_hash}
     with log.step(f"Building stage {stage.name} of {plan.id}: {stage.ref}"):

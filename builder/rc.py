@@ -94,6 +94,23 @@ class LaneResult:
         }
 
 
+def lane_stages(state: dict[str, Any], dry_run: bool) -> tuple[pipeline.TargetStage, ...]:
+    """The rc lane's stages. The patch check comes first here (the nightly looks for a published
+    image first): saying whether the patches hold on a new candidate is this lane's first job; the
+    compile's preflight comes next, so a candidate that cannot serve the GPU fails in minutes."""
+    if dry_run:
+        return (pipeline.check_patches,)
+    return (
+        remembered(state),
+        pipeline.check_patches,
+        pipeline.preflight_build,
+        pipeline.find_published,
+        pipeline.build_image,
+        pipeline.verify_image,
+        pipeline.publish_image,
+    )
+
+
 def rc(opts: Options, *, dry_run: bool = False, table_to_stderr: bool = False) -> LaneResult:
     """Find the newest candidate; patch-check it for every rc target; unless ``dry_run``, build,
     verify and publish it. Raises LaneFailed when a target fails (a conflict included)."""
@@ -119,18 +136,7 @@ def rc(opts: Options, *, dry_run: bool = False, table_to_stderr: bool = False) -
     intro = f"Release candidate {candidate.tag} ({candidate.commit[:12]}), newest release {candidate.release or '-'}\n\n"
     with runlock.run(opts.cache, wait=opts.wait):
         state = _load_state(path)
-        # The patch check comes first here (the nightly looks for a published image first): saying
-        # whether the patches hold on a new candidate is this lane's first job.
-        full = (
-            remembered(state),
-            pipeline.check_patches,
-            pipeline.preflight_build,
-            pipeline.find_published,
-            pipeline.build_image,
-            pipeline.verify_image,
-            pipeline.publish_image,
-        )
-        stages: tuple[pipeline.TargetStage, ...] = (pipeline.check_patches,) if dry_run else full
+        stages = lane_stages(state, dry_run)
         try:
             with (
                 pipeline.finishing(opts, "rc", runs, table_to_stderr=table_to_stderr, intro=intro),

@@ -144,3 +144,23 @@ def test_stages_are_built_once_shared_and_pulled_by_another_runner(
     engine.client.images.remove(f"{registry.host}/{torch_ref}")
     assert actions(build.build(engine, a, opts, registry)) == {"torch": "pulled", "runtime": "reused"}
     assert engine.image_exists(torch_ref)
+
+
+def test_a_stage_in_the_registry_alone_is_found_by_its_qualified_name(
+    engine: Engine, base: str, cache: Path, tmp_path: Path, registry: Registry
+) -> None:
+    """A docker-container or remote BuildKit builder sees registries, never this engine's image store.
+    No such builder runs here (its image is on Docker Hub and Debian ships no buildkitd), so the
+    docker driver's BuildKit is put in its place: the earlier stage removed from the engine under
+    every name and left in the registry alone. The later stage still builds, so the Dockerfile and
+    its build arguments name the stage in a way the registry answers."""
+    opts = Options.from_env(matrix=local_matrix(tmp_path, {"a": 4096, "b": 4097}), cache=cache, out=tmp_path / "out")
+    a = next(p for p in plan.make(opts) if p.id == "local-a")
+    build.build(engine, a, opts, registry)  # the torch stage is now in the registry too
+    torch, runtime = a.stages
+    for name in (torch.ref, f"{registry.host}/{torch.ref}"):
+        engine.client.images.remove(name)
+    engine.client.images.remove(runtime.ref)
+    build.build_stage(engine, a, runtime, opts, registry)
+    assert engine.image_exists(runtime.ref)
+    assert not engine.image_exists(torch.ref)  # built from the registry's copy, not a local name

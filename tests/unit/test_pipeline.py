@@ -110,3 +110,54 @@ def test_ctrl_c_in_a_target_stops_the_lane_and_the_summary_says_so(tmp_path: Pat
     rows = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert [(r["status"], r["failed_at"]) for r in rows] == [("interrupted", "verifying"), ("not run", "pending")]
     assert {r["status"] for r in rows} <= {s.value for s in pipeline.Status}
+
+
+def test_the_compiles_preflight_runs_after_the_patch_check_and_before_the_build() -> None:
+    from builder import rc
+
+    for stages in (pipeline.TARGET_STAGES, rc.lane_stages({}, dry_run=False)):
+        order = list(stages)
+        assert order.index(pipeline.check_patches) < order.index(pipeline.preflight_build) < order.index(pipeline.build_image)
+    assert rc.lane_stages({}, dry_run=True) == (pipeline.check_patches,)
+
+
+def test_the_local_profile_has_no_preflight_and_touches_no_engine(tmp_path: Path) -> None:
+    # The context's registry is a closed port and its engine is never connected: a local target
+    # has no preflight stage, so preflight_build returns before either is asked.
+    run = pipeline.TargetRun(a_run(pipeline.Status.PENDING).plan)
+    assert pipeline.preflight_build(a_context(tmp_path), run) is True
+    assert (run.status, run.preflight, run.closure) == (pipeline.Status.PENDING, None, None)
+
+
+def test_a_failed_preflight_names_its_units_in_the_row_and_the_table() -> None:
+    from builder import binaries, closure, preflight
+
+    run = a_run(pipeline.Status.FAILED)
+    run.failed_at = pipeline.Status.PREFLIGHT
+    spark = binaries.Arch.parse("12.1")
+    sm_120a = binaries.Code(kind="sass", arch=binaries.Arch.parse("12.0a"), name="sm_120a")
+    run.preflight = preflight.Report(
+        target=run.plan.id,
+        device=spark,
+        units=(preflight.Unit(file="csrc/quant/nvfp4.cu", library="_C", codes=(sm_120a,), verdict="none"),),
+        compiled=(),
+        stubbed=("FLASH_MLA",),
+        changed_files=(),
+        configure_seconds=40.0,
+        compile_seconds=2.0,
+    )
+    run.closure = closure.Closure(
+        target=run.plan.id,
+        platform="linux/arm64",
+        python="3.12",
+        requirements=("vllm",),
+        verdict="failed",
+        problems=("no aarch64 wheel of xformers==0.0.30",),
+    )
+    row = run.row()
+    assert row["preflight"]["ok"] is False  # type: ignore[index]
+    assert row["preflight"]["failing_units"][0]["file"] == "csrc/quant/nvfp4.cu"  # type: ignore[index]
+    assert row["closure"] == {"verdict": "failed", "cell": "failed: no aarch64 wheel of xformers==0.0.30"}
+    table = pipeline.summary_table([run])
+    assert "1 units: 0 sass, 0 ptx-only, 1 none; 0/0 patched ok; 1 stubbed; 42s" in table
+    assert "failed (preflight)" in table
