@@ -57,15 +57,19 @@ def torch_build():
 
 
 def vllm_source():
+    # Every problem is named at once: a wrong version and a missing record are two fixes.
+    problems = []
     installed = importlib.metadata.version("vllm")
     if installed.split("+")[0] != args.vllm_version:
-        raise RuntimeError(f"vLLM {installed} is installed, the plan asked for {args.vllm_version}")
+        problems.append(f"vLLM {installed} is installed, the plan asked for {args.vllm_version}")
     record = pathlib.Path("/opt/sparkbuild/sources.txt")
     sources = record.read_text().split() if record.is_file() else []
     if not sources:
-        raise RuntimeError(f"{record} is missing: the source stage did not record the commits it fetched")
-    if args.vllm_commit not in sources:
-        raise RuntimeError(f"vLLM was not built from commit {args.vllm_commit}; sources: {' '.join(sources)}")
+        problems.append(f"{record} is missing: the source stage did not record the commits it fetched")
+    elif args.vllm_commit not in sources:
+        problems.append(f"vLLM was not built from commit {args.vllm_commit}; sources: {' '.join(sources)}")
+    if problems:
+        raise RuntimeError("; ".join(problems))
     import vllm
 
     return {"version": installed, "commit": args.vllm_commit, "path": str(pathlib.Path(vllm.__file__).parent)}
@@ -150,7 +154,20 @@ def multi_node():
     for name in ("libibverbs.so.1", "librdmacm.so.1"):
         ctypes.CDLL(name)
         libraries[name] = "loads"
-    return {"ray": ray.__version__, **libraries}
+    return {"ray": ray.__version__, **libraries, "nccl_h": nccl_header()}
+
+
+def nccl_header():
+    """vLLM's NCCL allocator (symmetric memory, multi-GPU) compiles against nccl.h at run time and
+    looks for it in the nvidia-nccl wheel (vLLM's Dockerfile installed libnccl-dev before that)."""
+    try:
+        from vllm.utils.nccl import find_nccl_include_paths
+    except ModuleNotFoundError:
+        return "not looked up by this vLLM"
+    found = [p for p in find_nccl_include_paths() or [] if os.path.isfile(os.path.join(p, "nccl.h"))]
+    if not found:
+        raise RuntimeError("vLLM finds no nccl.h (nvidia-nccl wheel or VLLM_NCCL_INCLUDE_PATH)")
+    return found[0]
 
 
 for name, func in (

@@ -25,6 +25,7 @@ from builder.engine import Engine
 from builder.options import Options
 from tests.conftest import CHECKS, ROOT
 from tests.faults import FaultProxy, Rule
+from tests.procs import pids_where
 
 pytestmark = pytest.mark.docker
 
@@ -60,15 +61,7 @@ def containers_of(engine: Engine, image: str) -> list[str]:
 
 def registries_in(folder: Path) -> list[int]:
     """docker-registry processes serving a config under ``folder``."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv and argv[0].endswith(b"docker-registry") and any(str(folder).encode() in a for a in argv):
-            found.append(int(proc.name))
-    return found
+    return pids_where(lambda argv: argv[0].endswith(b"docker-registry") and any(str(folder).encode() in a for a in argv))
 
 
 def start(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:

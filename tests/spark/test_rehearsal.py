@@ -12,8 +12,11 @@ not compile for the code it gets.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,7 @@ import yaml
 from builder import externals, plan, sources
 from builder.options import Options
 from tests.conftest import ROOT, run_sparkbuild
+from tests.procs import pids_where
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 TARGET = "vllm-0.33.0-cu130-sm121"
@@ -96,6 +100,7 @@ def test_the_runtime_image_checks_pass(rehearsed: dict[str, Any]) -> None:
     assert set(checks["companions"]) == {"torchvision", "torchaudio", "torchcodec"}
     assert checks["companions"]["torchvision"].startswith("0.29.0")  # vLLM 0.33.0's own pin
     assert checks["multi_node"]["libibverbs.so.1"] == "loads" and checks["multi_node"]["ray"]
+    assert checks["multi_node"]["nccl_h"].endswith("/nvidia/nccl/include")  # vLLM's NCCL allocator compiles against it
 
 
 def test_the_compile_gets_the_plans_build_jobs(rehearsed: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -110,6 +115,39 @@ def test_the_compile_gets_the_plans_build_jobs(rehearsed: dict[str, Any], monkey
         check=True,
     )
     assert done.stdout.split()[:2] == [f"MAX_JOBS={p.jobs.max_jobs}", f"NVCC_THREADS={p.jobs.nvcc_threads}"]
+
+
+def git_daemons(root: Path) -> list[int]:
+    """git daemon processes serving ``root``."""
+    base = f"--base-path={root}".encode()
+    return pids_where(lambda argv: any(a.endswith(b"git-daemon") or a == b"daemon" for a in argv[:2]) and base in argv)
+
+
+def test_ctrl_c_during_the_preflight_leaves_no_daemon_and_no_partial_repository(
+    rehearsed: dict[str, Any], tmp_path: Path
+) -> None:
+    """A real SIGINT once the preflight has started (after the module's rehearsal, so it starts in
+    seconds): exit 130, the offline git daemon stopped, no repository left half made."""
+    root = Options.from_env().cache / "offline"
+    with subprocess.Popen(
+        [sys.executable, "-m", "builder", "rehearse", "--offline", "--only", TARGET],
+        env={**os.environ, "SPARKBUILD_OUT": str(tmp_path), **RESOURCES},
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:  # the context closes the pipe it reads
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if line.startswith("==> Preflight of"):
+                break
+        assert git_daemons(root), "the rehearsal serves its sources while it runs"
+        proc.send_signal(signal.SIGINT)
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=300) == 130, rest[-3000:]
+    assert "interrupted" in rest
+    assert git_daemons(root) == []
+    assert list(root.glob("*.partial")) == []
 
 
 # --- made to fail ---------------------------------------------------------------------------------
