@@ -27,7 +27,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,16 +35,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from builder import build, closure, gitrepo, offline, plan, rehearse, sources  # noqa: E402
+from uv import find_uv_bin  # noqa: E402
+
+from builder import build, closure, cmd, gitrepo, offline, plan, rehearse, sources  # noqa: E402
 from builder.engine import Engine  # noqa: E402
+from builder.matrix import Matrix  # noqa: E402
 from builder.options import Options  # noqa: E402
 
 
 def clear_caches() -> None:
-    command = ["docker", "builder", "prune", "--all", "--force"]
-    print("+ " + " ".join(command), flush=True)
-    subprocess.run(command, check=True, capture_output=True)
-    shutil.rmtree(Path.home() / ".cache" / "uv", ignore_errors=True)
+    cmd.run(["docker", "builder", "prune", "--all", "--force"], capture=True)
+    # uv's own command, so UV_CACHE_DIR is honoured and a cache that cannot be removed is an error.
+    cmd.run([find_uv_bin(), "cache", "clean"], capture=True)
 
 
 def new_commit(found: offline.Sources, version: str, opts: Options) -> offline.Sources:
@@ -61,8 +62,7 @@ def new_commit(found: offline.Sources, version: str, opts: Options) -> offline.S
     return dataclasses.replace(found, vllm=dataclasses.replace(found.vllm, name=name, commit=commit))
 
 
-def one(target_id: str, opts: Options, engine: Engine, url: str) -> dict[str, float]:
-    m = plan.load_matrix(opts)
+def one(m: Matrix, target_id: str, opts: Options, engine: Engine, url: str) -> dict[str, float]:
     (target,) = [t for t in m.targets if t.id == target_id]
     rehearsed = rehearse.rehearsal_target(target, m)
     found = new_commit(offline.prepare(rehearsed, opts.cache), target.vllm.version, opts)
@@ -93,14 +93,15 @@ def main() -> None:
     args = parser.parse_args()
     opts = Options.from_env(only=(args.only,))
     engine = Engine()
+    m = plan.load_matrix(opts)
     runs = []
     with gitrepo.daemon(opts.cache / "offline") as url:
         if not args.cold:
-            one(args.only, opts, engine, url)  # untimed: fills the caches a warm run has
+            one(m, args.only, opts, engine, url)  # untimed: fills the caches a warm run has
         for _ in range(args.runs):
             if args.cold:
                 clear_caches()
-            runs.append(one(args.only, opts, engine, url))
+            runs.append(one(m, args.only, opts, engine, url))
     result = {
         "target": args.only,
         "cold": args.cold,
