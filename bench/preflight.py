@@ -72,7 +72,7 @@ def one(m: Matrix, target_id: str, opts: Options, engine: Engine, url: str) -> d
         dataclasses.replace(target, relax=m.rehearsal.relax), sources.vllm_sdist(target.vllm.version, opts.cache), opts
     )
     closure_s = time.perf_counter() - start
-    p = plan.plan_target(rehearsed, m.patches_dir, opts)
+    p = plan.plan_target(rehearsed, m.patch_folders, opts)
     p = dataclasses.replace(p, source_args={**p.source_args, "SPARKBUILD_GIT_INSTEADOF": f"{url}/={offline.URL}/"})
     start = time.perf_counter()
     try:

@@ -110,7 +110,7 @@ def bisect(opts: Options, good: str, bad: str, stage: Stage = "patch", patch_nam
         ctx = (
             None
             if stage == "patch"
-            else pipeline.Context(opts, stack.enter_context(pipeline.open_registry(opts)), work, m.patches_dir)
+            else pipeline.Context(opts, stack.enter_context(pipeline.open_registry(opts)), work, m.patch_folders)
         )
         probe = _probe(opts, m, mirror, stage, target, names, work, ctx)
         for name, sha, want in (("--bad", bad_sha, False), ("--good", good_sha, True)):
@@ -151,7 +151,7 @@ def _probe(
     work: Path,
     ctx: pipeline.Context | None,
 ) -> Probe:
-    patches = patch.load(m.patches_dir, names or None)
+    patches = patch.load(m.patch_folders, names or None)
     cache: dict[str, tuple[bool, str]] = {}
 
     def version(commit: str) -> str:
@@ -169,7 +169,7 @@ def _probe(
     def run(commit: str) -> tuple[bool, str]:
         assert target is not None and ctx is not None
         at = matrix.at_commit(target, GitSource(repo=mirror.url, ref=commit, commit=commit), version(commit))
-        p = plan.plan_target(at, m.patches_dir, opts)
+        p = plan.plan_target(at, m.patch_folders, opts)
         stages = (pipeline.check_patches, pipeline.build_image) + ((pipeline.verify_image,) if stage == "verify" else ())
         r = pipeline.TargetRun(p)
         pipeline.run_target(ctx, r, stages)

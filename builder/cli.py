@@ -69,6 +69,15 @@ def cli() -> None:
     """Build, patch, verify and publish vLLM images for the NVIDIA DGX Spark."""
 
 
+@cli.command("init")
+@click.option("--matrix", type=click.Path(path_type=Path, dir_okay=False), help="Where to write it (default: ./matrix.yaml).")
+def init_cmd(matrix: Path | None) -> None:
+    """Write a commented starter matrix.yaml (Spark and local profiles); never replaces one."""
+    from builder import starter
+
+    starter.write(matrix or Path.cwd() / "matrix.yaml")
+
+
 @cli.command("plan")
 @selection
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
@@ -86,7 +95,9 @@ def plan_cmd(as_json: bool, **kwargs: Any) -> None:
         arch = f"   arch: {p.target.arch_list}" if p.target.cuda else ""
         click.echo(f"  torch:   {p.target.torch}   cuda: {p.target.cuda or 'none'}{arch}")
         click.echo(f"  base:    {p.base_ref}")
-        click.echo(f"  patches: {', '.join(p.target.patches) or 'none'}")
+        if p.templates is not None:
+            click.echo(f"  templates: {p.templates.text()}")
+        click.echo(f"  patches: {', '.join(patch_origin(p, name) for name in p.target.patches) or 'none'}")
         if p.jobs is not None:
             click.echo(f"  jobs:    {p.jobs.text()}")
         if p.target.serve.command():
@@ -101,6 +112,14 @@ def plan_cmd(as_json: bool, **kwargs: Any) -> None:
         click.echo(f"  steps:   {' -> '.join(p.steps)}")
         click.echo(f"  image:   {p.repository}:{p.content_tag}")
         click.echo(f"  tags:    {', '.join(p.tags)}")
+
+
+def patch_origin(p: plan.TargetPlan, name: str) -> str:
+    """``name (packaged)``, or with its folder where the matrix's own patches supplied it."""
+    found = p.patch_sources.get(name)
+    if found is None:
+        return name
+    return f"{name} (packaged)" if found.origin == "packaged" else f"{name} ({found.text()})"
 
 
 @cli.command("render")

@@ -47,6 +47,9 @@ def files(folder: Path) -> list[Path]:
     found = []
     root = folder.resolve()
     for parent, dirs, names in os.walk(folder):
+        # Python writes __pycache__ where it compiles a folder's .py files (pip does in an installed
+        # wheel's package data): never an input, and it must not change a patch's digest.
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
         for name in [*dirs, *names]:
             path = Path(parent) / name
             if path.is_symlink() and not path.resolve().is_relative_to(root):

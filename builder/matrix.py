@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from packaging.version import InvalidVersion, Version
 
-from builder import lock, oci, patch, validate, yamlsrc
+from builder import lock, oci, packaged, patch, validate, yamlsrc
 from builder.errors import ConfigError
 from builder.externals import External
 from builder.model import RECIPES
@@ -230,7 +230,8 @@ class Rehearsal:
 @dataclass(frozen=True, kw_only=True)
 class Matrix:
     file: Path
-    patches_dir: Path
+    # Every patch this matrix can name, by name: its own patch folders first, then the packaged set.
+    patch_folders: dict[str, Path]
     targets: tuple[Target, ...]
     upstreams: dict[str, str]
     bases: dict[str, Base]
@@ -476,10 +477,15 @@ def _defaults_doc() -> Located:
 def load(file: Path, pins: lock.Lock | None = None) -> Matrix:
     """Load, validate and expand a matrix file into targets; ``pins`` fills commits and digests."""
     pins = pins or lock.Lock()
+    if not file.exists():
+        raise ConfigError(
+            f"{file}: no such file; pass the path of a matrix file (--matrix FILE or SPARKBUILD_MATRIX), "
+            f"or run `sparkbuild init` in {file.parent} to write a starter matrix.yaml"
+        )
     doc = yamlsrc.load(file, "matrix file (--matrix)")
     defaults_doc = _defaults_doc()
     top = validate.mapping(doc, (), doc.data, TOP_KEYS)
-    patches_dir = (file.parent / validate.text(doc, ("patches_dir",), top.get("patches_dir", "patches"))).resolve()
+    patch_folders = patch.folders(patch_dirs(doc, file, top.get("patches_dir")))
     checks = _checks(doc, defaults_doc, top.get("checks", {}))
     bases = {name: _pin_base(b, pins) for name, b in _bases(doc, defaults_doc, top.get("bases", {})).items()}
     upstreams = _upstreams(doc, defaults_doc, top.get("upstreams", {}))
@@ -496,7 +502,7 @@ def load(file: Path, pins: lock.Lock | None = None) -> Matrix:
             merged: dict[str, Sourced] = {}
             for layer in (*layers, *combo):
                 merged.update(layer)
-            target = _pin(_target(doc, ("targets", index), merged, checks, bases, patches_dir, upstreams), pins)
+            target = _pin(_target(doc, ("targets", index), merged, checks, bases, patch_folders, upstreams), pins)
             if target.id in seen:
                 raise doc.fail(
                     ("targets", index),
@@ -509,16 +515,33 @@ def load(file: Path, pins: lock.Lock | None = None) -> Matrix:
                 raise doc.fail(("targets", index), f"more than {MAX_TARGETS} targets in one matrix")
     # A broken patch.yaml is a mistake in this matrix's inputs: said now, not when a build reaches it.
     for name in sorted({name for t in targets for name in t.patches}):
-        patch.load_one(patches_dir / name)
+        patch.load_one(patch_folders[name])
     return Matrix(
         file=file,
-        patches_dir=patches_dir,
+        patch_folders=patch_folders,
         targets=tuple(targets),
         upstreams=upstreams,
         bases=bases,
         rehearsal=_rehearsal(doc, top.get("rehearsal"), bases),
         mirrors=_mirrors(doc, top.get("mirrors", {})),
     )
+
+
+def patch_dirs(doc: Located, file: Path, value: Any) -> tuple[Path, ...]:
+    """The matrix's own patch folders (``patches_dir:``, one path or a list, relative to the matrix;
+    default ``patches/`` beside it where that exists), then the packaged set."""
+    if value is None:
+        own = [file.parent / "patches"] if (file.parent / "patches").is_dir() else []
+    else:
+        names = [value] if isinstance(value, str) else validate.list_of(validate.text)(doc, ("patches_dir",), value)
+        own = []
+        for i, name in enumerate(names):
+            where: DocPath = ("patches_dir",) if isinstance(value, str) else ("patches_dir", i)
+            folder = file.parent / validate.text(doc, where, name)
+            if not folder.is_dir():
+                raise doc.fail(where, f"{folder} is not a folder; patches_dir names folders of patches (relative to the matrix)")
+            own.append(folder.resolve())
+    return patch.unique((*own, packaged.folder("patches")))
 
 
 def _rehearsal(doc: Located, value: Any, bases: dict[str, Base]) -> Rehearsal:
@@ -638,7 +661,7 @@ def _target(
     merged: dict[str, Sourced],
     checks: dict[str, Check],
     bases: dict[str, Base],
-    patches_dir: Path,
+    patch_folders: dict[str, Path],
     upstreams: dict[str, str],
 ) -> Target:
     for key in REQUIRED_KEYS:
@@ -659,11 +682,14 @@ def _target(
     ptxas_base = named("ptxas_base", bases, "base") if values.get("ptxas_base") else base
     for i, name in enumerate(values["patches"]):
         _, src, p = merged["patches"]
-        if (patches_dir / name).is_symlink():
-            raise src.fail((*p, i), f"patch '{name}': {patches_dir / name} is a symlink; a patch is a folder of {patches_dir}")
-        if not (patches_dir / name).is_dir():
-            known = sorted(d.name for d in patches_dir.iterdir() if d.is_dir()) if patches_dir.is_dir() else []
-            raise src.fail((*p, i), f"unknown patch '{name}': no folder {patches_dir / name}.{validate.suggest(name, known)}")
+        if name not in patch_folders:
+            where = ", ".join(sorted({str(f.parent) for f in patch_folders.values()})) or "no patch folder"
+            hint = validate.suggest(name, list(patch_folders))
+            raise src.fail((*p, i), f"unknown patch '{name}': no folder of that name in {where}.{hint}")
+        if patch_folders[name].is_symlink():
+            raise src.fail(
+                (*p, i), f"patch '{name}': {patch_folders[name]} is a symlink; a patch is a folder of its patches folder"
+            )
     _profile_rules(merged, values)
     vllm: VllmSource = values["vllm"]
     if vllm.kind != "wheel" or values["lane"] == "rc":

@@ -33,11 +33,6 @@ def defaults() -> dict[str, Any]:
     return data
 
 
-def project_root() -> Path:
-    """The checkout that holds ``matrix.yaml``, ``dockerfiles/`` and ``patches/``."""
-    return Path(__file__).resolve().parent.parent
-
-
 def default_cache() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "sparkbuild"
@@ -50,7 +45,8 @@ def today() -> str:
 @dataclass(frozen=True, kw_only=True)
 class Options:
     matrix: Path
-    dockerfiles: Path
+    # SPARKBUILD_DOCKERFILES: the one folder of profiles; None: beside the matrix, then the packaged ones.
+    dockerfiles: Path | None = None
     cache: Path
     out: Path
     date: str
@@ -81,7 +77,6 @@ class Options:
         from builder import toolchain  # toolchain imports the matrix module: only planning needs it
         from builder.registry import Limits, check_address
 
-        root = project_root()
         d = defaults()["options"]
         env = os.environ
         ca = env.get("SPARKBUILD_CA_BUNDLE", d["ca_bundle"])
@@ -96,8 +91,9 @@ class Options:
             if env.get(f"SPARKBUILD_{key.upper()}")
         }
         values: dict[str, Any] = {
-            "matrix": _path("SPARKBUILD_MATRIX", env.get("SPARKBUILD_MATRIX"), root / "matrix.yaml"),
-            "dockerfiles": _path("SPARKBUILD_DOCKERFILES", env.get("SPARKBUILD_DOCKERFILES"), root / "dockerfiles"),
+            # Like cibuildwheel's pyproject.toml: the project's own file, where the command runs.
+            "matrix": _path("SPARKBUILD_MATRIX", env.get("SPARKBUILD_MATRIX"), Path.cwd() / "matrix.yaml"),
+            "dockerfiles": _path("SPARKBUILD_DOCKERFILES", env.get("SPARKBUILD_DOCKERFILES"), None),
             "cache": _path("SPARKBUILD_CACHE", env.get("SPARKBUILD_CACHE"), default_cache()),
             "out": _path("SPARKBUILD_OUT", env.get("SPARKBUILD_OUT"), Path.cwd() / "sparkbuild-out"),
             "date": env.get("SPARKBUILD_DATE") or today(),
@@ -135,11 +131,11 @@ def _positive_int(name: str, text: str) -> int:
     return int(text)
 
 
-def _path(name: str, text: str | None, default: Path) -> Path:
+def _path(name: str, text: str | None, default: Path | None) -> Path | None:
     if text is None:
         return default
     if not text.strip() or "\0" in text:
-        raise ConfigError(f"{name}={text!r}: expected a path; or unset it for the default ({default})")
+        raise ConfigError(f"{name}={text!r}: expected a path; or unset it for the default ({default or 'see the README'})")
     return Path(text)
 
 

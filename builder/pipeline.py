@@ -98,7 +98,7 @@ class Context:
     registry: Registry
     # Where source trees are checked out for patch checks during this run (removed after it).
     work: Path
-    patches_dir: Path
+    patch_folders: dict[str, Path]
 
     @cached_property
     def engine(self) -> Engine:
@@ -129,7 +129,7 @@ def check_patches(ctx: Context, run: TargetRun) -> bool:
         return True
     run.status = Status.CHECKING_PATCHES
     git, version = source
-    report = patch.check(ctx.tree(git), patch.load(ctx.patches_dir, run.plan.target.patches), version)
+    report = patch.check(ctx.tree(git), patch.load(ctx.patch_folders, run.plan.target.patches), version)
     run.patches = report.results
     log.info(patch.table(report))
     if not report.ok:
@@ -308,7 +308,7 @@ def nightly(opts: Options, *, table_to_stderr: bool = False) -> list[TargetRun]:
         open_registry(opts) as registry,
         tempfile.TemporaryDirectory(prefix="sparkbuild-") as work,
     ):
-        ctx = Context(opts, registry, Path(work), m.patches_dir)
+        ctx = Context(opts, registry, Path(work), m.patch_folders)
         check_disk(ctx, runs)
         run_lane(ctx, runs, TARGET_STAGES)
     return runs

@@ -13,11 +13,12 @@ import hashlib
 import json
 import os
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder import __version__, base_image, fsutil, lock, matrix, patch, render, toolchain
+from builder import __version__, base_image, fsutil, lock, matrix, patch, project, render, toolchain
 from builder.errors import ConfigError
 from builder.matrix import Target
 from builder.options import Options, defaults
@@ -67,6 +68,10 @@ class TargetPlan:
     source_args: dict[str, str] = field(default_factory=dict)
     wheel_files: tuple[Path, ...] = ()
     steps: tuple[str, ...] = STEPS
+    # Where the stage templates and each patch were found (printed by plan; never part of a hash,
+    # so a team's copy of a packaged file builds the same image).
+    templates: project.Found | None = None
+    patch_sources: dict[str, project.Found] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -123,6 +128,10 @@ class TargetPlan:
             "inputs": self.inputs,
             "labels": self.labels,
             "sources": self.source_args,
+            "found": {
+                "templates": None if self.templates is None else self.templates.to_json(),
+                "patches": {name: found.to_json() for name, found in self.patch_sources.items()},
+            },
         }
 
 
@@ -170,7 +179,7 @@ def make(opts: Options, lane: str = "nightly") -> tuple[TargetPlan, ...]:
 
 def plan_lane(m: matrix.Matrix, opts: Options, lane: str = "nightly") -> tuple[TargetPlan, ...]:
     """Plan every selected target of ``lane`` in a loaded matrix."""
-    plans = tuple(plan_target(t, m.patches_dir, opts) for t in lane_targets(m, opts, lane))
+    plans = tuple(plan_target(t, m.patch_folders, opts) for t in lane_targets(m, opts, lane))
     _check_tag_clash(plans)
     return plans
 
@@ -183,10 +192,11 @@ def lane_targets(m: matrix.Matrix, opts: Options, lane: str) -> tuple[Target, ..
     return select(in_lane, opts.only, opts.profile)
 
 
-def plan_target(target: Target, patches_dir: Path, opts: Options) -> TargetPlan:
+def plan_target(target: Target, patch_folders: Mapping[str, Path], opts: Options) -> TargetPlan:
     base_ref, base_identity = base_image.reference(target.base, target.platform)
-    patches = {name: patch.digest(patches_dir, name) for name in target.patches}
-    stages = plan_stages(target, patches_dir, opts)
+    patches = {name: patch.digest(patch_folders[name]) for name in target.patches}
+    templates = project.profile_folder(opts, target.profile)
+    stages = plan_stages(target, patch_folders, opts, templates.path)
     inputs: dict[str, Any] = {
         "format": PLAN_FORMAT,
         "id": target.id,
@@ -233,6 +243,8 @@ def plan_target(target: Target, patches_dir: Path, opts: Options) -> TargetPlan:
         else None,
         source_args=source_args,
         wheel_files=wheels,
+        templates=templates,
+        patch_sources={name: project.patch_found(patch_folders[name]) for name in target.patches},
     )
 
 
@@ -282,7 +294,7 @@ def bases(target: Target) -> dict[str, matrix.Base]:
     }
 
 
-def plan_stages(target: Target, patches_dir: Path, opts: Options) -> tuple[StagePlan, ...]:
+def plan_stages(target: Target, patch_folders: Mapping[str, Path], opts: Options, templates: Path) -> tuple[StagePlan, ...]:
     # Each stage's hash is needed while rendering (later stages name it) and in its plan: once each.
     hashes: dict[str, str] = {}
 
@@ -291,11 +303,11 @@ def plan_stages(target: Target, patches_dir: Path, opts: Options) -> tuple[Stage
         return f"{STAGE_REPOSITORY}:{stage.name}-{hashes[stage.name][:16]}"
 
     rendered = render.render(
-        opts.dockerfiles,
+        templates,
         target.profile,
         template_variables(target),
         stage_ref=ref_of,
-        resources=resources(target, patches_dir),
+        resources=resources(target, patch_folders),
     )
     return tuple(
         StagePlan(rendered=r, content_hash=hashes[r.name], ref=f"{STAGE_REPOSITORY}:{r.name}-{hashes[r.name][:16]}", final=False)
@@ -309,11 +321,11 @@ def stage_hash(target: Target, stage: render.Rendered) -> str:
     return hashlib.sha256(json.dumps({**key, "digest": stage.digest()}, sort_keys=True).encode()).hexdigest()
 
 
-def resources(target: Target, patches_dir: Path) -> dict[str, render.Files]:
+def resources(target: Target, patch_folders: Mapping[str, Path]) -> dict[str, render.Files]:
     """Context files a stage can ask for with ``file()`` beyond its profile folder."""
     patch_files: list[tuple[str, bytes]] = []
     for name in target.patches:
-        folder = patches_dir / name
+        folder = patch_folders[name]
         patch_files += [(f"patches/{name}/{f.relative_to(folder)}", f.read_bytes()) for f in fsutil.files(folder)]
     package = Path(__file__).resolve().parent
     # The patch engine as a source stage runs it: the modules builder.patch.bundle derives.

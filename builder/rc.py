@@ -129,7 +129,7 @@ def rc(opts: Options, *, dry_run: bool = False, table_to_stderr: bool = False) -
     if any(t.profile == "spark" for t in targets) and not dry_run:
         with log.step(f"External projects of vLLM {candidate.tag}"):
             found = resolve.externals_at(opts, candidate.repo, candidate.commit, {}, m.mirrored)
-    plans = [plan.plan_target(for_candidate(t, candidate, found), m.patches_dir, opts) for t in targets]
+    plans = [plan.plan_target(for_candidate(t, candidate, found), m.patch_folders, opts) for t in targets]
     runs = [TargetRun(p) for p in plans]
     path = state_file(opts)
     result = LaneResult(candidate, runs, dry_run)
@@ -143,7 +143,7 @@ def rc(opts: Options, *, dry_run: bool = False, table_to_stderr: bool = False) -
                 pipeline.open_registry(opts) as registry,
                 tempfile.TemporaryDirectory(prefix="sparkbuild-rc-") as work,
             ):
-                ctx = Context(opts, registry, Path(work), m.patches_dir)
+                ctx = Context(opts, registry, Path(work), m.patch_folders)
                 if not dry_run:
                     pipeline.check_disk(ctx, runs)
                 pipeline.run_lane(ctx, runs, stages, f" at {candidate.tag}")

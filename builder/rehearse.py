@@ -130,7 +130,7 @@ def _one(engine: Engine, m: Matrix, target: Target, opts: Options, url: str | No
         result.closure = closure.check(replace(target, relax=rehearsed.relax), tree, opts)
         closure.log_closure(result.closure)
         closure.require(result.closure)
-        p = plan.plan_target(rehearsed, m.patches_dir, opts)
+        p = plan.plan_target(rehearsed, m.patch_folders, opts)
         if url is not None:
             # The daemon's address: where the source stages fetch from, not part of any hash.
             p = replace(p, source_args={**p.source_args, "SPARKBUILD_GIT_INSTEADOF": f"{url}/={offline.URL}/"})

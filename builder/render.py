@@ -56,8 +56,8 @@ class Rendered:
         return h.hexdigest()
 
 
-def profile_dir(dockerfiles: Path, profile: str) -> Path:
-    folder = dockerfiles / profile
+def profile_dir(folder: Path, profile: str) -> Path:
+    """``folder`` (``project.profile_folder``'s answer) once it is known to hold stage templates."""
     if folder.is_dir():
         fsutil.files(folder)  # refuses symlinks out of the profile folder
     if not folder.is_dir() or not stage_templates(folder):
@@ -76,7 +76,7 @@ def stage_templates(folder: Path) -> list[tuple[str, Path]]:
 
 
 def render(
-    dockerfiles: Path,
+    folder: Path,
     profile: str,
     variables: Mapping[str, Any],
     *,
@@ -84,7 +84,7 @@ def render(
     resources: Mapping[str, Files] | None = None,
 ) -> tuple[Rendered, ...]:
     """Render every stage in order; ``stage_ref`` names the image of a rendered stage."""
-    folder = profile_dir(dockerfiles, profile)
+    folder = profile_dir(folder, profile)
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(folder),
         undefined=jinja2.StrictUndefined,

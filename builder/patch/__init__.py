@@ -15,7 +15,7 @@ derives that set). ``cli`` and ``releases`` are for people and CI, and import mo
 """
 
 from builder.patch.engine import RECORD, Report, Result, apply, check, table
-from builder.patch.meta import Detect, Patch, default_dir, digest, load, load_one
+from builder.patch.meta import Detect, Patch, default_dirs, digest, folders, load, load_one, unique
 from builder.patch.overlay import STATUSES, Edit, Outcome, Overlay, Status
 
 __all__ = [
@@ -31,9 +31,11 @@ __all__ = [
     "Status",
     "apply",
     "check",
-    "default_dir",
+    "default_dirs",
     "digest",
+    "folders",
     "load",
     "load_one",
     "table",
+    "unique",
 ]

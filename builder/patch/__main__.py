@@ -20,11 +20,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=("check", "apply"))
     parser.add_argument("--source", type=Path, required=True)
     parser.add_argument("--version", required=True, help="vLLM version of the tree")
-    parser.add_argument("--patches", type=Path, default=meta.default_dir())
+    parser.add_argument("--patches", type=Path, default=None)
     parser.add_argument("--patch", dest="names", action="append", default=[])
     args = parser.parse_args(argv)
     try:
-        report = engine.check(args.source, meta.load(args.patches, tuple(args.names) or None), args.version)
+        report = engine.check(
+            args.source,
+            meta.load(meta.folders((args.patches,) if args.patches else meta.default_dirs()), tuple(args.names) or None),
+            args.version,
+        )
         print(engine.table(report), flush=True)
         if args.action == "apply":
             print(f"patched {len(engine.apply(report))} file(s); record in {args.source / engine.RECORD}", flush=True)

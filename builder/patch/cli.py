@@ -41,10 +41,18 @@ def patch_group() -> None:
 
 def selection(func: F) -> F:
     func = click.option("--patch", "names", multiple=True, metavar="NAME", help="Only this patch (repeatable).")(func)
-    func = click.option("--patches", "patches_dir", type=click.Path(path_type=Path, file_okay=False), help="Patches folder.")(
-        func
-    )
+    func = click.option(
+        "--patches",
+        "patches_dir",
+        type=click.Path(path_type=Path, file_okay=False),
+        help="Patches folder (default: ./patches, then the packaged set).",
+    )(func)
     return func
+
+
+def patch_folders(patches_dir: Path | None) -> dict[str, Path]:
+    """``--patches DIR`` alone, else ``./patches`` (where it exists) before the packaged set."""
+    return meta.folders((patches_dir,) if patches_dir else meta.default_dirs())
 
 
 def tree_options(func: F) -> F:
@@ -61,7 +69,7 @@ def check_tree(
 ) -> engine.Report:
     if (source is None) == (vllm_version is None):
         raise ConfigError("give exactly one of --source DIR or --vllm-version X.Y.Z")
-    patches = meta.load(patches_dir or meta.default_dir(), names or None)  # a misspelt --patch fails before any download
+    patches = meta.load(patch_folders(patches_dir), names or None)  # a misspelt --patch fails before any download
     if vllm_version is not None:
         source = sources.vllm_sdist(vllm_version, cache_dir())
     assert source is not None
@@ -123,8 +131,8 @@ def table_cmd(
 
     Exits 9 when a patch conflicts on a release in its range.
     """
-    folder = patches_dir or meta.default_dir()
-    patches = meta.load(folder, names or None)
+    folders = patch_folders(patches_dir)
+    patches = meta.load(folders, names or None)
     cache = cache_dir()
     found = releases.releases(_version(through) if through else None)
     trees = releases.trees(found, cache, releases.reads(patches))
@@ -132,7 +140,7 @@ def table_cmd(
     if candidate_from:
         candidate = releases.candidate_job(candidate_from, cache)
         work += [candidate] if candidate else []
-    rows = releases.sweep(folder, names or None, work, jobs)
+    rows = releases.sweep(folders, names or None, work, jobs)
     wheels = [r.version for r in found if r.sdist is None]
     if update_readme is not None:
         args = f" --through {through}" if through else ""

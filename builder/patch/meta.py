@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-from builder import fsutil, validate, yamlsrc
+from builder import fsutil, packaged, validate, yamlsrc
 from builder.errors import ConfigError
 from builder.patch import rules
 
@@ -49,8 +50,33 @@ class Patch:
     rule: str | None
 
 
-def default_dir() -> Path:
-    return Path(os.environ.get("SPARKBUILD_PATCHES", Path(__file__).resolve().parents[2] / "patches"))
+def default_dirs() -> tuple[Path, ...]:
+    """Where the patch commands look without ``--patches``: SPARKBUILD_PATCHES; else ``./patches`` where
+    it exists (a team's repository), then the packaged set, a name found in both being the local one."""
+    if os.environ.get("SPARKBUILD_PATCHES"):
+        return (Path(os.environ["SPARKBUILD_PATCHES"]),)
+    local = Path.cwd() / "patches"
+    return unique((local, packaged.folder("patches")) if local.is_dir() else (packaged.folder("patches"),))
+
+
+def unique(dirs: tuple[Path, ...]) -> tuple[Path, ...]:
+    """``dirs`` without a folder already named (in a checkout ``./patches`` is the packaged set)."""
+    seen: set[Path] = set()
+    kept = []
+    for d in dirs:
+        if d.resolve() not in seen:
+            seen.add(d.resolve())
+            kept.append(d)
+    return tuple(kept)
+
+
+def folders(dirs: tuple[Path, ...]) -> dict[str, Path]:
+    """Every patch of ``dirs`` by name; where two folders hold one name, the earlier folder's patch."""
+    found: dict[str, Path] = {}
+    for folder in dirs:
+        for name in available(folder):
+            found.setdefault(name, folder / name)
+    return dict(sorted(found.items()))
 
 
 def available(patches_dir: Path) -> list[str]:
@@ -61,13 +87,15 @@ def available(patches_dir: Path) -> list[str]:
     return sorted(p.name for p in patches_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
-def load(patches_dir: Path, names: tuple[str, ...] | None = None) -> tuple[Patch, ...]:
-    """Every patch folder (or only ``names``), in name order."""
-    found = available(patches_dir)
+def load(where: Path | Mapping[str, Path], names: tuple[str, ...] | None = None) -> tuple[Patch, ...]:
+    """Every patch of a patches folder or of ``folders``' answer, or only ``names``, in name order."""
+    found = folders((where,)) if isinstance(where, Path) else where
+    known = sorted(found)
     for name in names or ():
         if name not in found:
-            raise ConfigError(f"unknown patch '{name}' in {patches_dir}.{suggest(name, found)} Patches: {', '.join(found)}")
-    return tuple(load_one(patches_dir / name) for name in found if not names or name in names)
+            searched = ", ".join(sorted({str(f.parent) for f in found.values()})) or "no patch folder"
+            raise ConfigError(f"unknown patch '{name}' in {searched}.{suggest(name, known)} Patches: {', '.join(known)}")
+    return tuple(load_one(found[name]) for name in known if not names or name in names)
 
 
 def suggest(word: str, choices: list[str]) -> str:
@@ -142,10 +170,9 @@ def _detect(doc: yamlsrc.Located, path: yamlsrc.DocPath, value: Any) -> Detect:
     )
 
 
-def digest(patches_dir: Path, name: str) -> str:
+def digest(folder: Path) -> str:
     """sha256 over the patch: every file of its folder (relative path and content, sorted), and the
     source of its rule module, which is as much a part of the change as the folder."""
-    folder = patches_dir / name
     h = hashlib.sha256()
     for path in fsutil.files(folder):
         h.update(f"\0{path.relative_to(folder).as_posix()}\0".encode())

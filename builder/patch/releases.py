@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,22 +122,22 @@ class Job:
     label: str
 
 
-def sweep(patches_dir: Path, names: tuple[str, ...] | None, jobs: Sequence[Job], workers: int | None = None) -> list[Row]:
+def sweep(found: Mapping[str, Path], names: tuple[str, ...] | None, jobs: Sequence[Job], workers: int | None = None) -> list[Row]:
     """Each job's check, in its order; in ``workers`` processes (default: one per core)."""
     workers = min(len(jobs), workers or os.cpu_count() or 1)
     if workers <= 1:
-        patches = meta.load(patches_dir, names)
+        patches = meta.load(found, names)
         return [_row(patches, job) for job in jobs]
-    with ProcessPoolExecutor(max_workers=workers, initializer=_load_patches, initargs=(patches_dir, names)) as pool:
+    with ProcessPoolExecutor(max_workers=workers, initializer=_load_patches, initargs=(dict(found), names)) as pool:
         return list(pool.map(_worker_row, jobs))
 
 
 _PATCHES: tuple[meta.Patch, ...] = ()
 
 
-def _load_patches(patches_dir: Path, names: tuple[str, ...] | None) -> None:
+def _load_patches(found: Mapping[str, Path], names: tuple[str, ...] | None) -> None:
     global _PATCHES  # loaded once per worker process, not once per release
-    _PATCHES = meta.load(patches_dir, names)
+    _PATCHES = meta.load(found, names)
 
 
 def _worker_row(job: Job) -> Row:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import pipeline, plan, publish
+from builder import patch, pipeline, plan, publish
 from builder.engine import Engine
 from builder.errors import LaneFailed
 from builder.options import Options
@@ -170,7 +170,11 @@ def test_a_surprise_in_one_target_is_its_failure_and_the_next_goes_on(engine: En
         pipeline.finishing(opts, "nightly", runs, table_to_stderr=True),
         embedded(tmp_path / "registry") as registry,
     ):
-        pipeline.run_lane(pipeline.Context(opts, registry, tmp_path / "work", ROOT / "patches"), runs, (pipeline.publish_image,))
+        pipeline.run_lane(
+            pipeline.Context(opts, registry, tmp_path / "work", patch.folders((ROOT / "patches",))),
+            runs,
+            (pipeline.publish_image,),
+        )
     assert (runs[0].status, runs[0].failed_at) == (pipeline.Status.FAILED, pipeline.Status.PUBLISHING)
     assert runs[0].error is not None and runs[0].error.startswith("unexpected ImageNotFound")
     error_log = (out / "t17-missing" / "error.log").read_text()

@@ -113,7 +113,7 @@ def test_targets_with_equal_flashinfer_inputs_share_one_stage(tmp_path: Path) ->
     shipped = matrix.load(ROOT / "matrix.yaml")
     a = next(t for t in shipped.targets if t.id == "vllm-0.19.0-cu129-sm121")
     b = dataclasses.replace(a, id="other", vllm=dataclasses.replace(a.vllm, commit="f" * 40), serve=matrix.Serve())
-    pa, pb = (plan.plan_target(t, shipped.patches_dir, options(tmp_path)) for t in (a, b))
+    pa, pb = (plan.plan_target(t, shipped.patch_folders, options(tmp_path)) for t in (a, b))
     refs_a, refs_b = ({s.name: s.ref for s in p.stages} for p in (pa, pb))
     assert refs_a["flashinfer"] == refs_b["flashinfer"]
     assert refs_a["vllm"] != refs_b["vllm"] and refs_a["runtime"] != refs_b["runtime"]
@@ -127,9 +127,9 @@ def test_changing_the_vllm_ref_changes_only_the_vllm_and_runtime_stages(tmp_path
         "flashinfer": dataclasses.replace(a, flashinfer=dataclasses.replace(a.flashinfer, commit="d" * 40)),  # type: ignore[type-var]
         "serve": dataclasses.replace(a, serve=matrix.Serve(max_num_seqs=4)),
     }
-    before = {s.name: s.ref for s in plan.plan_target(a, shipped.patches_dir, options(tmp_path)).stages}
+    before = {s.name: s.ref for s in plan.plan_target(a, shipped.patch_folders, options(tmp_path)).stages}
     for changed, target in changes.items():
-        after = {s.name: s.ref for s in plan.plan_target(target, shipped.patches_dir, options(tmp_path)).stages}
+        after = {s.name: s.ref for s in plan.plan_target(target, shipped.patch_folders, options(tmp_path)).stages}
         moved = sorted(name for name in before if before[name] != after[name])
         expected = {"vllm": ["runtime", "vllm"], "flashinfer": ["flashinfer", "runtime"], "serve": ["runtime"]}[changed]
         assert moved == expected, changed

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import bisect, lock, matrix, plan, rc
+from builder import bisect, lock, matrix, patch, plan, rc
 from builder.errors import ConfigError
 from builder.gitrepo import RemoteRefs
 from builder.matrix import GitSource
@@ -94,11 +94,11 @@ def test_rc_targets_take_the_candidate(write_matrix: MatrixWriter) -> None:
     assert at.vllm == target.vllm and at.candidate == GitSource(
         repo=candidate.repo, ref="v0.34.0rc2", commit="e" * 40, as_version="0.34.0rc2"
     )
-    p = plan.plan_target(at, path.parent / "patches", Options.from_env(matrix=path, date="20261121"))
+    p = plan.plan_target(at, patch.folders((path.parent / "patches",)), Options.from_env(matrix=path, date="20261121"))
     assert p.tags == ("0.34.0rc2", "rc") and p.labels["io.sparkbuild.candidate"] == f"v0.34.0rc2@{'e' * 40}"
     other = plan.plan_target(
         rc.for_candidate(target, candidate.__class__(**{**candidate.__dict__, "commit": "f" * 40})),
-        path.parent / "patches",
+        patch.folders((path.parent / "patches",)),
         Options.from_env(matrix=path),
     )
     assert other.content_tag != p.content_tag  # a new candidate commit is a new image

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from builder import lock, matrix, plan
+from builder import lock, matrix, packaged, plan
 from builder.errors import ConfigError
-from tests.conftest import CHECKS, ROOT, MatrixWriter
+from tests.conftest import CHECKS, PATCH_YAML, ROOT, MatrixWriter
 
 LOCAL = """\
 targets:
@@ -189,3 +189,46 @@ def test_cli_exits_2_with_one_message_and_no_traceback(write_matrix: MatrixWrite
     assert needle in result.stderr
     assert "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+# --- where patches are found: the matrix's own folders, then the packaged set ----------------------
+
+
+def test_a_patch_of_the_matrix_folder_wins_by_name_over_the_packaged_one(write_matrix: MatrixWriter, tmp_path: Path) -> None:
+    own = tmp_path / "patches" / "e2m1-software"
+    own.mkdir(parents=True)
+    (own / "patch.yaml").write_text(PATCH_YAML.format(name="e2m1-software"))
+    (own / "fix.diff").write_text("--- a\n+++ b\n")
+    m = matrix.load(write_matrix(LOCAL + "    patches: [one, e2m1-software, cmake-arch-sm121]\n"))
+    assert m.patch_folders["one"] == tmp_path / "patches" / "one"
+    assert m.patch_folders["e2m1-software"] == own
+    assert m.patch_folders["cmake-arch-sm121"] == packaged.folder("patches") / "cmake-arch-sm121"
+
+
+def test_patches_dir_lists_folders_searched_in_order(write_matrix: MatrixWriter, tmp_path: Path) -> None:
+    for folder in ("first", "second"):
+        (tmp_path / folder / "shared").mkdir(parents=True)
+        (tmp_path / folder / "shared" / "patch.yaml").write_text(PATCH_YAML.format(name=folder))
+        (tmp_path / folder / "shared" / "fix.diff").write_text("x\n")
+    path = write_matrix(LOCAL + "    patches: [shared]\n")
+    path.write_text("patches_dir: [first, second]\n" + path.read_text())
+    m = matrix.load(path)
+    assert m.patch_folders["shared"] == (tmp_path / "first" / "shared").resolve()
+    assert "one" not in m.patch_folders  # patches/ beside the matrix is the default only when patches_dir is unset
+    assert "cmake-arch-sm121" in m.patch_folders  # the packaged set stays behind the matrix's folders
+
+
+def test_a_patches_dir_that_is_not_a_folder_names_its_line(write_matrix: MatrixWriter) -> None:
+    path = write_matrix(LOCAL)
+    path.write_text("patches_dir: [patches, missing]\n" + path.read_text())
+    assert f"{path}:1: patches_dir[1]: {path.parent / 'missing'} is not a folder" in error_of(path)
+
+
+def test_without_a_patches_folder_the_packaged_patches_are_found(tmp_path: Path) -> None:
+    path = tmp_path / "matrix.yaml"
+    path.write_text(CHECKS + LOCAL + "    patches: [cmake-arch-sm121]\n")
+    assert matrix.load(path).patch_folders["cmake-arch-sm121"] == packaged.folder("patches") / "cmake-arch-sm121"
+    path.write_text(CHECKS + LOCAL + "    patches: [cmake-arch-sm12]\n")
+    message = error_of(path)
+    assert f"unknown patch 'cmake-arch-sm12': no folder of that name in {packaged.folder('patches')}" in message
+    assert "Perhaps you meant 'cmake-arch-sm121'?" in message

@@ -71,7 +71,7 @@ def test_step_summary_goes_to_github(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 def a_context(tmp_path: Path) -> pipeline.Context:
     opts = Options.from_env(matrix=ROOT / "matrix.yaml", out=tmp_path / "out", cache=tmp_path / "cache")
-    return pipeline.Context(opts, Registry("127.0.0.1:9"), tmp_path / "work", ROOT / "patches")
+    return pipeline.Context(opts, Registry("127.0.0.1:9"), tmp_path / "work", patch.folders((ROOT / "patches",)))
 
 
 def test_a_failed_stage_is_recorded_and_the_rest_skipped(tmp_path: Path) -> None:
