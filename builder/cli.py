@@ -361,7 +361,7 @@ def publish_cmd(registry: str | None, unverified: bool, **kwargs: Any) -> None:
         todo = [p for p in plans if reg.digest(p.repository, p.content_tag) is None]
         disk.check(disk.needs(todo, opts.cache, engine_root=None, in_engine=engine.image_exists, registry_storage=storage))
         for p in plans:
-            done = publish.push(engine, reg, p, build.local_ref(p))
+            done = publish.push(engine, reg, p, build.local_ref(p), verified=not unverified)
             click.echo(f"{p.id}: {done.reference} ({', '.join(done.tags)})")
 
 
@@ -377,6 +377,53 @@ def require_verified(opts: Options, p: plan.TargetPlan, unverified: bool) -> Non
             f"{build.local_ref(p)} has no passing verify result in {result}; run "
             f"`sparkbuild verify {build.local_ref(p)}` first, or pass --unverified"
         )
+
+
+@cli.command("gc")
+@selection
+@click.option("--registry", help="host:port of the registry (default: SPARKBUILD_REGISTRY, else an embedded one).")
+@click.option("--dry-run", is_flag=True, help="Say what would be deleted; delete nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print every decision as JSON.")
+@waiting
+def gc_cmd(registry: str | None, dry_run: bool, as_json: bool, **kwargs: Any) -> None:
+    """Keep each nightly target's newest keep_nightlies images; delete older ones no other tag points to."""
+    from builder import pipeline, plan, retention, runlock
+
+    opts = make_options(registry=registry, **kwargs)
+    targets = plan.select(tuple(t for t in plan.load_matrix(opts).targets if t.lane == "nightly"), opts.only, opts.profile)
+    with runlock.run(opts.cache, wait=opts.wait), pipeline.open_registry(opts) as reg:
+        decisions = retention.gc(reg, targets, dry_run=dry_run)
+    if as_json:
+        emit_json({"dry_run": dry_run, "decisions": [d.to_json() for d in decisions]})
+        return
+    gone = sum(d.action == "delete" for d in decisions)
+    click.echo(f"{'would delete' if dry_run else 'deleted'} {gone}, kept {len(decisions) - gone} image tag(s)")
+
+
+@cli.command("rollback")
+@click.argument("target_id", metavar="TARGET")
+@click.option("--to", "to", metavar="DIGEST|TAG", help="Where to point the tags (default: the target's last-good tag).")
+@click.option("--matrix", type=click.Path(path_type=Path), help="Matrix file (default: matrix.yaml).")
+@click.option("--lock", type=click.Path(path_type=Path), help="Lock file (default: <matrix>.lock.json).")
+@click.option("--registry", help="host:port of the registry (default: SPARKBUILD_REGISTRY, else an embedded one).")
+@click.option("--json", "as_json", is_flag=True, help="Print each tag's before and after as JSON.")
+@waiting
+def rollback_cmd(target_id: str, to: str | None, registry: str | None, as_json: bool, **kwargs: Any) -> None:
+    """Point TARGET's readable tags without {date} back at its last-good image (or --to), printing before and after."""
+    from builder import pipeline, plan, retention, runlock
+    from builder.matrix import readable_tag
+
+    opts = make_options(registry=registry, **kwargs)
+    target = retention.find_target(plan.load_matrix(opts).targets, target_id)
+    tags = tuple(readable_tag(t, {"vllm_version": target.version, "id": target.id}, target) for t in retention.moving(target))
+    with runlock.run(opts.cache, wait=opts.wait), pipeline.open_registry(opts) as reg:
+        moves = retention.rollback(reg, target, tags, to)
+    if as_json:
+        emit_json([m.to_json() for m in moves])
+        return
+    for m in moves:
+        state = "unchanged" if m.before == m.after else f"{m.before or '(none)'} -> {m.after}"
+        click.echo(f"{target.repository}:{m.tag}  {state}")
 
 
 @cli.command("nightly")

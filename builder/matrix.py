@@ -208,6 +208,8 @@ class Target:
     relax: tuple[str, ...] = ()
     # What the Spark runtime installs beside vLLM's own requirements (ray for two Sparks).
     runtime_extras: tuple[str, ...] = ()
+    # `sparkbuild gc` keeps this many of the target's newest nightly images (content tags).
+    keep_nightlies: int = 14
 
     @property
     def version(self) -> str:
@@ -456,6 +458,7 @@ TARGET_KEYS: dict[str, validate.Validator] = {
     "build_args": _build_args,
     "runtime_extras": validate.list_of(_requirement),
     "lane": validate.choice(LANES),
+    "keep_nightlies": validate.positive_int,
 }
 REQUIRED_KEYS = ("profile", "vllm", "torch", "base", "check")
 # Bounds on what one matrix expands to (every target is planned, rendered and hashed).
@@ -729,6 +732,7 @@ def _target(
         build_args=values["build_args"],
         runtime_extras=values["runtime_extras"],
         lane=values["lane"],
+        keep_nightlies=values["keep_nightlies"],
         where=f"{doc.file}:{doc.line(path)}",
     )
 

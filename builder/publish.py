@@ -60,7 +60,7 @@ def push_image(engine: Engine, registry: Registry, repository: str, tag: str) ->
     raise AssertionError("tenacity ends with a result or an exception")
 
 
-def push(engine: Engine, registry: Registry, plan: TargetPlan, local: str) -> Published:
+def push(engine: Engine, registry: Registry, plan: TargetPlan, local: str, *, verified: bool = True) -> Published:
     remote = f"{registry.host}/{plan.repository}"
     engine.tag(local, remote, plan.content_tag)
     pushed = push_image(engine, registry, remote, plan.content_tag)
@@ -74,30 +74,46 @@ def push(engine: Engine, registry: Registry, plan: TargetPlan, local: str) -> Pu
         raise PublishError(
             f"{remote}:{plan.content_tag}: pushed {pushed} but the registry serves {served}; readable tags were not moved"
         )
-    return move_tags(registry, plan, pushed)
+    return move_tags(registry, plan, pushed, verified=verified)
 
 
-def move_tags(registry: Registry, plan: TargetPlan, digest: str) -> Published:
-    """Point every readable tag at ``digest`` (already in the registry), saying which tags move."""
-    body, media_type = registry.manifest(plan.repository, digest)
-    where = {tag: registry.digest(plan.repository, tag) for tag in plan.tags}
+def move_tags(registry: Registry, plan: TargetPlan, digest: str, *, verified: bool = True) -> Published:
+    """Point every readable tag at ``digest`` (already in the registry), then, for an image that
+    passed verify, the target's last-good tag; saying which tags move."""
+    point(registry, plan.repository, plan.tags, digest)
+    last_good = (last_good_tag(plan.id),) if verified else ()
+    point(registry, plan.repository, last_good, digest)
+    reference = f"{registry.host}/{plan.repository}@{digest}"
+    tags = (plan.content_tag, *plan.tags, *last_good)
+    log.info(f"published {reference} as {', '.join(tags)}")
+    return Published(reference=reference, digest=digest, tags=tags)
+
+
+def last_good_tag(target_id: str) -> str:
+    """The newest image of a target that passed verify (``sparkbuild rollback`` goes back to it)."""
+    return f"{target_id}-last-good"
+
+
+def point(registry: Registry, repository: str, tags: tuple[str, ...], digest: str) -> None:
+    """Point each of ``tags`` not there yet at ``digest``, from its manifest (nothing is pushed)."""
+    if not tags:
+        return
+    body, media_type = registry.manifest(repository, digest)
+    where = {tag: registry.digest(repository, tag) for tag in tags}
     behind = [tag for tag, at in where.items() if at != digest]
-    if behind and len(behind) < len(plan.tags):
-        log.warning(f"{registry.host}/{plan.repository}: readable tags point at different images: {_state(where)}")
+    if behind and len(behind) < len(tags):
+        log.warning(f"{registry.host}/{repository}: readable tags point at different images: {_state(where)}")
     for tag in behind:
-        log.info(f"  {plan.repository}:{tag}: {_short(where[tag])} -> {_short(digest)}")
+        log.info(f"  {repository}:{tag}: {_short(where[tag])} -> {_short(digest)}")
         try:
-            registry.put_tag(plan.repository, tag, body, media_type)
-            if registry.digest(plan.repository, tag) != digest:
-                raise PublishError(f"{registry.host}/{plan.repository}:{tag} does not point at {digest} after tagging")
+            registry.put_tag(repository, tag, body, media_type)
+            if registry.digest(repository, tag) != digest:
+                raise PublishError(f"{registry.host}/{repository}:{tag} does not point at {digest} after tagging")
         except PublishError as exc:
             raise PublishError(
                 f"{exc}. Readable tags now: {_state(where)}; rerun to finish the move (the image is pushed: nothing is rebuilt)"
             ) from None
         where[tag] = digest
-    reference = f"{registry.host}/{plan.repository}@{digest}"
-    log.info(f"published {reference} as {', '.join([plan.content_tag, *plan.tags])}")
-    return Published(reference=reference, digest=digest, tags=(plan.content_tag, *plan.tags))
 
 
 def _short(digest: str | None) -> str:

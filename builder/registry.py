@@ -1,7 +1,8 @@
 """Registries: a small HTTP client for the distribution API, and the embedded registry.
 
 Publishing needs only three calls: the digest behind a tag, a manifest by digest, and putting a
-manifest under a new tag (moving a readable tag without pushing anything again). Each call is
+manifest under a new tag (moving a readable tag without pushing anything again); ``gc`` adds the
+tag list, an image's config blob and deleting a manifest. Each call is
 retried (tenacity) on what may pass: 408, 429 (as long as Retry-After asks, within a bound), 5xx,
 connection resets and timeouts; the limits are in ``defaults.yaml`` (``registry:``). Credentials go
 to the registry's own host, and to a token service only on that host or one allowed by name.
@@ -25,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import requests
 import tenacity
@@ -322,6 +323,46 @@ class Registry:
         if response.status_code not in (200, 201):
             raise self._refused(response, what)
         return response.headers.get("Docker-Content-Digest", "")
+
+    def tags(self, repository: str) -> list[str]:
+        """Every tag of ``repository`` (none when it does not exist), page by page as the registry
+        links them (``Link: <...>; rel="next"``)."""
+        found: list[str] = []
+        url: str | None = f"{self.base_url}/{repository}/tags/list?n=1000"
+        while url is not None:
+            what = f"GET {repository} tags"
+            response = self._request("GET", url, what)
+            if response.status_code == 404:
+                return found
+            if response.status_code != 200:
+                raise self._refused(response, what)
+            found += (response.json() or {}).get("tags") or []
+            following = response.links.get("next", {}).get("url")
+            url = None if following is None else urljoin(self.base_url, following)
+        return found
+
+    def blob(self, repository: str, digest: str) -> bytes:
+        """A blob (an image's config) by digest, checked against that digest."""
+        what = f"GET blob {repository}@{digest}"
+        response = self._request("GET", f"{self.base_url}/{repository}/blobs/{digest}", what)
+        if response.status_code != 200:
+            raise self._refused(response, what)
+        if "sha256:" + hashlib.sha256(response.content).hexdigest() != digest:
+            raise PublishError(f"registry {self.host} served blob {repository}@{digest} with other content")
+        return response.content
+
+    def delete(self, repository: str, digest: str) -> None:
+        """Delete a manifest by digest: every tag on it goes too. Its blobs stay until the registry's
+        own garbage collection runs."""
+        what = f"DELETE {repository}@{digest}"
+        response = self._request("DELETE", f"{self.base_url}/{repository}/manifests/{digest}", what)
+        if response.status_code == 405:
+            raise PublishError(
+                f"registry {self.host}: {what} gave HTTP 405: this registry does not allow deletes; "
+                "enable them (distribution: storage.delete.enabled: true, or REGISTRY_STORAGE_DELETE_ENABLED=true)"
+            )
+        if response.status_code not in (200, 202, 404):
+            raise self._refused(response, what)
 
     def _refused(self, response: requests.Response, what: str) -> PublishError:
         meaning = REFUSED.get(response.status_code, "an answer sparkbuild does not expect here")

@@ -41,12 +41,20 @@ def test_publish_pushes_by_digest_then_moves_readable_tags(engine: Engine, base:
     # Publish a small image under the plan's names: pushing the real vLLM image is the nightly test's job.
     engine.tag(base, "sparkbuild-test/publish", "1")
     done = push(engine, registry, p, "sparkbuild-test/publish:1")
-    assert done.tags == (p.content_tag, "0.32.0-20261121", "nightly")
+    assert done.tags == (p.content_tag, "0.32.0-20261121", "nightly", f"{p.id}-last-good")
     for tag in done.tags:
         assert registry.digest(p.repository, tag) == done.digest
     body, _ = registry.manifest(p.repository, done.digest)
     assert "sha256:" + hashlib.sha256(body).hexdigest() == done.digest
     assert done.reference == f"{registry.host}/{p.repository}@{done.digest}"
+
+
+def test_an_unverified_publish_leaves_last_good_where_it_was(engine: Engine, base: str, registry: Registry) -> None:
+    p = plan.make(Options.from_env(matrix=ROOT / "matrix.yaml", date="20261121"))[0]
+    engine.tag(base, "sparkbuild-test/publish", "1")
+    done = push(engine, registry, p, "sparkbuild-test/publish:1", verified=False)
+    assert done.tags == (p.content_tag, "0.32.0-20261121", "nightly")
+    assert registry.digest(p.repository, f"{p.id}-last-good") is None
 
 
 def test_a_missing_tag_has_no_digest(registry: Registry) -> None:
