@@ -2,7 +2,8 @@
 
 Stage images are content-addressed (``sparkbuild/stages:<stage>-<hash>``). A stage already in the
 engine is reused; one in the registry is pulled (another runner built it); otherwise it is built
-and pushed, so the next runner reuses it. The last stage is the target's image.
+and pushed, so the next runner reuses it. The last stage is the target's image. A stage that is
+built reads, and writes, BuildKit's cache in the registry where the builder can (``buildcache``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from builder import base_image, binaries, fsutil, log, preflight, publish, render
+from builder import base_image, binaries, buildcache, fsutil, log, preflight, publish, render
 from builder.engine import Engine
 from builder.errors import ConfigError
 from builder.options import Options
@@ -103,6 +104,7 @@ def build(
     ensure_bases(engine, plan, opts)
     if plan.jobs is not None:
         log.info(f"build jobs: {plan.jobs.text()}")
+    log.info(f"build cache: {cache_choice(engine, opts, registry).text()}")
     report = None
     if check_first and (stage := preflighted_stage(plan)) is not None and not is_present(engine, registry, stage):
         report = run_preflight(engine, plan, opts)
@@ -139,7 +141,29 @@ def ensure_stage(engine: Engine, registry: Registry | None, plan: TargetPlan, st
         # Built here, or made by an earlier run without a registry: share it with other runners.
         engine.tag(stage.ref, f"{registry.host}/{STAGE_REPOSITORY}", _tag(stage))
         publish.push_image(engine, registry, f"{registry.host}/{STAGE_REPOSITORY}", _tag(stage))
+        if action == "built" and cache_choice(engine, opts, registry).mode is buildcache.Mode.INLINE:
+            share_inline_cache(engine, registry, plan, stage)
     return StageOutcome(name=stage.name, ref=stage.ref, action=action, seconds=time.monotonic() - start)
+
+
+def cache_choice(engine: Engine, opts: Options, registry: Registry | None) -> buildcache.Choice:
+    return buildcache.choose(opts.build_cache, engine.cli.builder, registry is not None)
+
+
+def cache_flags(engine: Engine, opts: Options, registry: Registry | None, plan: TargetPlan, stage: StagePlan) -> tuple[str, ...]:
+    """The build cache's flags for one stage; none without a registry (the cache lives there)."""
+    if registry is None:
+        return ()
+    return buildcache.stage_flags(cache_choice(engine, opts, registry).mode, registry.host, plan, stage)
+
+
+def share_inline_cache(engine: Engine, registry: Registry, plan: TargetPlan, stage: StagePlan) -> None:
+    """Move the stage's cache tag to the image just pushed (it carries BuildKit's inline cache), so
+    the next build of this stage, here or on another runner, starts from its layers. The registry
+    already has every layer: the engine mounts them from the stage repository, uploads none."""
+    repository, cache_tag = buildcache.ref(registry.host, plan.id, stage.name).rsplit(":", 1)
+    engine.tag(stage.ref, repository, cache_tag)
+    publish.push_image(engine, registry, repository, cache_tag)
 
 
 def _tag(stage: StagePlan) -> str:
@@ -219,6 +243,7 @@ def build_stage(engine: Engine, plan: TargetPlan, stage: StagePlan, opts: Option
             build_args={**plan.build_args(), **stage_args(plan, stage, registry)},
             secrets=_secrets(opts),
             log_file=opts.out / plan.id / f"build-{stage.name}.log",
+            cache=cache_flags(engine, opts, registry, plan, stage),
         )
 
 

@@ -83,11 +83,13 @@ def init_cmd(matrix: Path | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan_cmd(as_json: bool, **kwargs: Any) -> None:
     """Print targets, their build steps and image tags. No Docker, no network."""
-    from builder import disk, plan
+    from builder import buildcache, disk, plan
 
-    plans = plan.make(make_options(**kwargs))
+    opts = make_options(**kwargs)
+    plans = plan.make(opts)
     if as_json:
-        emit_json([{**p.to_json(), "disk_gb": disk.estimate(p)} for p in plans])
+        cache = {p.id: buildcache.describe(p, opts.build_cache, opts.registry) for p in plans}
+        emit_json([{**p.to_json(), "disk_gb": disk.estimate(p), "build_cache": cache[p.id]} for p in plans])
         return
     for p in plans:
         click.echo(f"{p.id}  ({p.target.profile}, {p.target.platform})")
@@ -105,6 +107,8 @@ def plan_cmd(as_json: bool, **kwargs: Any) -> None:
         for s in p.stages:
             needs = f"  (uses {', '.join(s.rendered.needs)})" if s.rendered.needs else ""
             click.echo(f"  stage:   {s.name:<11} {s.ref}{needs}")
+        for line in buildcache.lines(p, opts.build_cache, opts.registry):
+            click.echo(f"  cache:   {line}")
         if p.unresolved:
             click.echo(f"  UNRESOLVED: {', '.join(p.unresolved)} (build refuses; `sparkbuild resolve` pins them)")
         sizes = disk.estimate(p)

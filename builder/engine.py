@@ -29,7 +29,7 @@ import docker.errors
 import requests
 from docker.models.containers import Container as SdkContainer
 
-from builder import cmd, log, signals
+from builder import buildcache, cmd, log, signals
 from builder.errors import BuildError, EngineError
 
 ENGINE_HELP = (
@@ -44,6 +44,8 @@ class BuildCli:
 
     prefix: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
+    # What its BuildKit can do with a build cache (buildcache.choose reads it).
+    builder: buildcache.Builder
 
 
 def find_build_cli(candidates: Sequence[str] | None = None) -> BuildCli:
@@ -56,11 +58,14 @@ def find_build_cli(candidates: Sequence[str] | None = None) -> BuildCli:
             tried.append(f"{name} (not found)")
             continue
         if _quiet([name, "buildx", "version"]):
-            return BuildCli(prefix=(name, "buildx", "build"), env=())
+            builder = buildcache.Builder(buildx=True, driver=_buildx_driver(name))
+            return BuildCli(prefix=(name, "buildx", "build"), env=(), builder=builder)
         version = _client_version(name)
-        if version is not None and version < 23:
-            return BuildCli(prefix=(name, "build"), env=(("DOCKER_BUILDKIT", "1"),))
-        tried.append(f"{name} (client {version}, no buildx)")
+        major = version.split(".")[0]
+        if major.isdigit() and int(major) < 23:
+            builder = buildcache.Builder(buildx=False, driver="docker", client=version)
+            return BuildCli(prefix=(name, "build"), env=(("DOCKER_BUILDKIT", "1"),), builder=builder)
+        tried.append(f"{name} (client {version or None}, no buildx)")
     raise EngineError(
         f"no docker CLI that can run BuildKit builds: tried {', '.join(tried) or 'none'}; "
         "install buildx (apt-get install docker-buildx) or Debian's docker.io client, "
@@ -72,10 +77,27 @@ def _quiet(args: list[str]) -> bool:
     return subprocess.run(args, capture_output=True, check=False).returncode == 0
 
 
-def _client_version(name: str) -> int | None:
+def _client_version(name: str) -> str:
     result = subprocess.run([name, "version", "--format", "{{.Client.Version}}"], capture_output=True, text=True, check=False)
-    head = result.stdout.strip().split(".")[0]
-    return int(head) if head.isdigit() else None
+    return result.stdout.strip()
+
+
+def _buildx_driver(name: str) -> str:
+    """The current buildx builder's driver ("docker", "docker-container", ...); "unknown" when
+    ``buildx inspect`` does not say, which gets the inline cache every driver can carry."""
+    args = [name, "buildx", "inspect"]
+    log.info(cmd.show(args))
+    result = subprocess.run(args, capture_output=True, text=True, check=False)
+    return buildx_driver(result.stdout) if result.returncode == 0 else "unknown"
+
+
+def buildx_driver(inspect_output: str) -> str:
+    """The ``Driver:`` of ``docker buildx inspect``'s output (its first builder node's)."""
+    for line in inspect_output.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "Driver" and value.strip():
+            return value.strip()
+    return "unknown"
 
 
 class PushFailed(Exception):
@@ -179,9 +201,11 @@ class Engine:
         log_file: Path,
         target: str | None = None,
         output: Path | None = None,
+        cache: Sequence[str] = (),
     ) -> str:
         """Build ``context/Dockerfile`` with BuildKit; returns the image id (``tag``), or with ``output``
-        writes the target's files there instead of making an image. Output goes to the log too."""
+        writes the target's files there instead of making an image. ``cache``: the build cache's
+        flags (``buildcache.flags``). Output goes to the log too."""
         args: list[str] = [*self.cli.prefix, "--progress", "plain", "--network", "host", "--platform", platform]
         if output is not None:
             args += ["--output", f"type=local,dest={output}"]
@@ -197,7 +221,7 @@ class Engine:
             args += ["--build-arg", f"{key}={value}"]
         for key, path in sorted(secrets.items()):
             args += ["--secret", f"id={key},src={path}"]
-        args.append(str(context))
+        args += [*cache, str(context)]
         env = dict(self.cli.env)
         log.info(cmd.show(args, env))
         log_file.parent.mkdir(parents=True, exist_ok=True)

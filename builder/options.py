@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from builder import buildcache
 from builder.errors import ConfigError
 
 if TYPE_CHECKING:  # the registry client loads requests and tenacity: only runs that talk to one need them
@@ -67,6 +68,8 @@ class Options:
     token_realms: tuple[str, ...] = ()
     # Wait for another run holding the cache's run lock (False: --no-wait).
     wait: bool = True
+    # BuildKit's cache across runners (builder/buildcache.py): auto, registry, inline or off.
+    build_cache: buildcache.Setting = "auto"
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Options:
@@ -105,6 +108,7 @@ class Options:
             "build_cores": cores,
             "registry_limits": Limits.from_mapping(defaults()["registry"], **limits),
             "token_realms": _hosts("SPARKBUILD_TOKEN_REALMS", env.get("SPARKBUILD_TOKEN_REALMS", "")),
+            "build_cache": buildcache.check_setting("SPARKBUILD_BUILD_CACHE", env.get("SPARKBUILD_BUILD_CACHE") or "auto"),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         _check_date(values["date"])
