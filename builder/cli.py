@@ -32,6 +32,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 # bisect.STAGES, written here so that --help does not import bisect (and with it Docker and git);
 # tests/unit/test_cli_imports.py holds the two equal.
 BISECT_STAGES = ("patch", "build", "verify")
+# matrix.LANES, written here for the same reason (the same test holds them equal).
+LANES = ("nightly", "rc")
 
 
 def selection(func: F) -> F:
@@ -81,10 +83,21 @@ def init_cmd(matrix: Path | None) -> None:
 @cli.command("plan")
 @selection
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-def plan_cmd(as_json: bool, **kwargs: Any) -> None:
+@click.option(
+    "--ids", is_flag=True, help="Print only the selected target ids, as one compact JSON list (a workflow's job matrix)."
+)
+@click.option(
+    "--lane", type=click.Choice(LANES), default="nightly", show_default=True, help="The lane whose targets --ids lists."
+)
+def plan_cmd(as_json: bool, ids: bool, lane: str, **kwargs: Any) -> None:
     """Print targets, their build steps and image tags. No Docker, no network."""
     from builder import buildcache, disk, plan
 
+    if ids:
+        click.echo(json.dumps(list(plan.lane_ids(make_options(**kwargs), lane)), separators=(",", ":")))
+        return
+    if lane != "nightly":
+        raise ConfigError(f"--lane {lane} needs --ids: `sparkbuild {lane}` plans its targets once it has found the candidate")
     opts = make_options(**kwargs)
     plans = plan.make(opts)
     if as_json:
@@ -463,6 +476,32 @@ def rc_cmd(registry: str | None, dry_run: bool, as_json: bool, **kwargs: Any) ->
         raise
     if as_json:
         emit_json(result.to_json())
+
+
+@cli.command("summary")
+@click.argument("folder", type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--targets", "targets_json", required=True, metavar="JSON", help="The planned target ids, as `plan --ids` printed them."
+)
+@click.option("--prefix", default="", metavar="TEXT", help="Each target's folder is FOLDER/<TEXT><target id>.")
+@click.option("--lane", type=click.Choice(LANES), default="nightly", show_default=True, help="The lane, for the heading.")
+@click.option("--json", "as_json", is_flag=True, help="Print the merged rows as JSON (the table goes to stderr).")
+def summary_cmd(folder: Path, targets_json: str, prefix: str, lane: str, as_json: bool) -> None:
+    """Merge a fanned-out lane's summary.json files (one per target's job) into one table; fail if any target did."""
+    from builder import summary
+
+    targets = summary.parse_targets(targets_json)
+    rows = summary.merge(targets, folder, prefix)
+    text = "\n\n".join(filter(None, (summary.table(rows), summary.reasons(rows))))
+    click.echo(f"{text}\n\n{len(targets)} target(s), one job each", err=as_json)
+    log.step_summary(f"## sparkbuild {lane}: every target\n\n{text}")
+    if as_json:
+        emit_json(rows)
+    failed = summary.failed(rows)
+    if failed:
+        raise errors.LaneFailed(
+            f"{lane}: {len(failed)} of {len(targets)} target(s) failed or left no summary: {', '.join(failed)}"
+        )
 
 
 @cli.command("bisect")

@@ -66,10 +66,11 @@ class PublishError(FatalError):
 
 
 class LaneFailed(FatalError):
-    """A lane (nightly, rc) ended with failed targets; the summary says which and why."""
+    """A lane (nightly, rc) ended with failed targets, or ``sparkbuild summary`` merged a failed or missing
+    one; the summary says which and why."""
 
     exit_code = 8
-    meaning = "a lane (nightly, rc) ended with failed targets; the summary and summary.json say which and why"
+    meaning = "a lane (nightly, rc), or a fanned-out lane's merged summary, has failed targets; the summary says which and why"
 
 
 class PatchError(FatalError):

@@ -20,7 +20,7 @@ from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
 
-from builder import build, closure, disk, fsutil, gitrepo, log, model, patch, plan, preflight, publish, runlock, verify
+from builder import build, closure, disk, fsutil, gitrepo, log, model, patch, plan, preflight, publish, runlock, summary, verify
 from builder.engine import Engine
 from builder.errors import FatalError, LaneFailed, PatchError, RegistryUnavailableError
 from builder.matrix import GitSource, Target
@@ -336,32 +336,10 @@ def verify_cell(result: verify.VerifyResult) -> str:
 
 
 def patch_cell(results: tuple[patch.Result, ...] | None) -> str:
-    if results is None:
-        return "-"
-    return " ".join(f"{r.patch}={r.status}" for r in results) or "none"
+    return summary.patch_cell(None if results is None else {r.patch: r.status for r in results})
 
 
 def summary_table(runs: list[TargetRun]) -> str:
-    """A Markdown table a person reads at a glance (and GitHub renders)."""
-    header = ("target", "vLLM", "commit", "patches", "preflight", "image tag", "digest", "verify", "status", "time")
-    rows = [
-        (
-            r.plan.id,
-            r.plan.target.version,
-            str(r.row()["commit"] or "-")[:12],
-            patch_cell(r.patches),
-            r.preflight.cell() if r.preflight else "-",
-            r.plan.content_tag,
-            (r.digest or "-")[:19],
-            str(r.row()["verify"]),
-            r.status.value if r.failed_at is None else f"{r.status.value} ({r.failed_at.value})",
-            log.format_seconds(r.seconds),
-        )
-        for r in runs
-    ]
-    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
-
-    def line(cells: tuple[str, ...]) -> str:
-        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
-
-    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
+    """A Markdown table a person reads at a glance (and GitHub renders); ``summary`` draws it from
+    the rows of summary.json, so a fanned-out lane's merged table looks the same."""
+    return summary.table([r.row() for r in runs])

@@ -192,6 +192,19 @@ def lane_targets(m: matrix.Matrix, opts: Options, lane: str) -> tuple[Target, ..
     return select(in_lane, opts.only, opts.profile)
 
 
+def lane_ids(opts: Options, lane: str) -> tuple[str, ...]:
+    """The ids of the targets of ``lane`` that ``--only`` and ``--profile`` select: one job each in a
+    fanned-out workflow, each job selecting its own with ``--only ID``.
+
+    The nightly's are planned in full here, so what only a plan of them all finds (two targets
+    claiming one tag) stops the run once, before a job per target. An rc target is planned only
+    once ``sparkbuild rc`` has found the candidate it is built from.
+    """
+    if lane == "nightly":
+        return tuple(p.id for p in make(opts, lane))
+    return tuple(t.id for t in lane_targets(load_matrix(opts), opts, lane))
+
+
 def plan_target(target: Target, patch_folders: Mapping[str, Path], opts: Options) -> TargetPlan:
     base_ref, base_identity = base_image.reference(target.base, target.platform)
     patches = {name: patch.digest(patch_folders[name]) for name in target.patches}

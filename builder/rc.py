@@ -123,7 +123,11 @@ def rc(opts: Options, *, dry_run: bool = False, table_to_stderr: bool = False) -
         candidate = newest_candidate(gitrepo.ls_remote(repos[0]))
     if candidate is None:
         print(f"no release candidate newer than the newest release in {repos[0]}; nothing to do", flush=True)
-        return LaneResult(None, [], dry_run)
+        result = LaneResult(None, [], dry_run)
+        # An empty summary, not none: a fanned-out run's merged table says "nothing to do" for it.
+        fsutil.write_text(opts.out / "summary.json", "[]\n")
+        fsutil.write_text(opts.out / "rc.json", json.dumps(result.to_json(), indent=2) + "\n")
+        return result
     log.info(f"candidate: {candidate.tag} ({candidate.commit}), newer than {candidate.release or 'any release'}")
     found = None
     if any(t.profile == "spark" for t in targets) and not dry_run:

@@ -30,3 +30,9 @@ def test_patch_check_help_loads_no_heavy_package() -> None:
 
 def test_bisect_stages_written_in_the_cli_are_bisects_own() -> None:
     assert cli.BISECT_STAGES == bisect.STAGES
+
+
+def test_lanes_written_in_the_cli_are_the_matrixs_own() -> None:
+    from builder import matrix
+
+    assert cli.LANES == matrix.LANES
