@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import PATCH_YAML, ROOT
+from tests.conftest import PATCH_YAML, ROOT, run_sparkbuild
 
 SPARK_ID = "vllm-0.33.0-cu130-sm121"
 # The checkout's working files that are not sparkbuild's sources.
@@ -42,13 +42,19 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield top / "venv" / "bin"
 
 
-def run(*args: object, cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARKBUILD_", "VIRTUAL_ENV", "PYTHON"))}
-    return subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, check=check)
+def run(
+    *args: object, cwd: Path | None = None, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SPARKBUILD_", "VIRTUAL_ENV", "PYTHON"))}
+    return subprocess.run(
+        [str(a) for a in args], cwd=cwd, env={**clean, **(env or {})}, capture_output=True, text=True, check=check
+    )
 
 
-def sparkbuild(bin_dir: Path, folder: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return run(bin_dir / "sparkbuild", *args, cwd=folder, check=check)
+def sparkbuild(
+    bin_dir: Path, folder: Path, *args: str, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return run(bin_dir / "sparkbuild", *args, cwd=folder, check=check, env=env)
 
 
 def plan_json(bin_dir: Path, folder: Path, *args: str) -> dict[str, Any]:
@@ -132,3 +138,40 @@ def test_no_matrix_says_how_to_make_one(installed: Path, tmp_path: Path) -> None
     result = sparkbuild(installed, tmp_path, "plan", check=False)
     assert result.returncode == 2
     assert f"{tmp_path / 'matrix.yaml'}: no such file" in result.stderr and "sparkbuild init" in result.stderr
+
+
+def test_the_installed_tool_plans_what_the_checkout_plans(installed: Path, tmp_path: Path) -> None:
+    """Every file that reaches a build context (templates, patches, the patch engine, image scripts)
+    is in the wheel as it is here: the same matrix gives the same stage images and content tags."""
+    shutil.copy(ROOT / "matrix.yaml", tmp_path / "matrix.yaml")
+    here = run_sparkbuild("plan", "--json", env={"SPARKBUILD_DATE": "20261121"})
+    assert here.returncode == 0
+    there = json.loads(sparkbuild(installed, tmp_path, "plan", "--json", env={"SPARKBUILD_DATE": "20261121"}).stdout)
+
+    def images(plans: list[dict[str, Any]]) -> dict[str, list[str]]:
+        return {p["id"]: [p["content_tag"], *(s["ref"] for s in p["stages"])] for p in plans}
+
+    assert images(there) == images(json.loads(here.stdout))
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_the_installed_tool_runs_the_local_nightly_in_a_team_folder(
+    installed: Path, team: Path, cache: Path, tmp_path: Path
+) -> None:
+    """The README's main job, from the wheel: build (or find) the image, verify it, publish it."""
+    # The installed venv has no torch (that is sparkbuild[model]): the checkout makes the check model
+    # in the session's cache, and the team's run gets a copy in a cache of its own (its registry apart
+    # from the session's, so the local nightly test still publishes a fresh image there).
+    made = run_sparkbuild("model", "alphabet", env={"SPARKBUILD_CACHE": str(cache)})
+    assert made.returncode == 0
+    model = Path(made.stdout.strip())
+    own = tmp_path / "cache"
+    shutil.copytree(model, own / model.relative_to(cache))
+    env = {"SPARKBUILD_CACHE": str(own), "SPARKBUILD_DATE": "20261121"}
+    done = sparkbuild(installed, team, "nightly", "--profile", "local", "--json", env=env, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = json.loads(done.stdout)
+    assert row["status"] == "published" and row["digest"].startswith("sha256:")
+    verified = json.loads((team / "sparkbuild-out" / row["target"] / "verify.json").read_text())
+    assert verified["ok"] is True and {a["received"] for a in verified["answers"]} == {" g h i j", " q r s t"}

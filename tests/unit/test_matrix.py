@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import lock, matrix, packaged, plan
+from builder import lock, matrix, packaged, patch, plan
 from builder.errors import ConfigError
 from tests.conftest import CHECKS, PATCH_YAML, ROOT, MatrixWriter
 
@@ -232,3 +232,18 @@ def test_without_a_patches_folder_the_packaged_patches_are_found(tmp_path: Path)
     message = error_of(path)
     assert f"unknown patch 'cmake-arch-sm12': no folder of that name in {packaged.folder('patches')}" in message
     assert "Perhaps you meant 'cmake-arch-sm121'?" in message
+
+
+def test_the_patch_commands_look_in_dot_patches_then_the_packaged_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SPARKBUILD_PATCHES", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert patch.default_dirs() == (packaged.folder("patches"),)
+    (tmp_path / "patches" / "e2m1-software").mkdir(parents=True)
+    assert patch.default_dirs() == (tmp_path / "patches", packaged.folder("patches"))
+    (tmp_path / "patches" / "e2m1-software" / "patch.yaml").write_text(PATCH_YAML.format(name="team's"))
+    (tmp_path / "patches" / "e2m1-software" / "fix.diff").write_text("x\n")
+    found = patch.folders(patch.default_dirs())
+    assert found["e2m1-software"] == tmp_path / "patches" / "e2m1-software"  # the team's wins by name
+    assert found["cmake-arch-sm121"] == packaged.folder("patches") / "cmake-arch-sm121"
+    monkeypatch.setenv("SPARKBUILD_PATCHES", str(tmp_path / "patches"))
+    assert patch.default_dirs() == (tmp_path / "patches",)
