@@ -378,8 +378,8 @@ def publish_cmd(registry: str | None, unverified: bool, **kwargs: Any) -> None:
         todo = [p for p in plans if reg.digest(p.repository, p.content_tag) is None]
         disk.check(disk.needs(todo, opts.cache, engine_root=None, in_engine=engine.image_exists, registry_storage=storage))
         for p in plans:
-            done = publish.push(engine, reg, p, build.local_ref(p), verified=not unverified)
-            click.echo(f"{p.id}: {done.reference} ({', '.join(done.tags)})")
+            done = publish.push(engine, reg, p, build.local_ref(p), verified=not unverified, signer=opts.signer)
+            click.echo(f"{p.id}: {done.reference} ({', '.join(done.tags)}; {done.signature})")
 
 
 def require_verified(opts: Options, p: plan.TargetPlan, unverified: bool) -> None:

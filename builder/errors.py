@@ -62,7 +62,10 @@ class PublishError(FatalError):
     """The registry did not accept the image or returned another digest."""
 
     exit_code = 7
-    meaning = "the registry refused a call, kept failing past the retry limits, or a push stalled past its deadline"
+    meaning = (
+        "the registry refused a call, kept failing past the retry limits, a push stalled past its deadline, "
+        "or a signature could not be made or checked"
+    )
 
 
 class LaneFailed(FatalError):

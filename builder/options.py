@@ -19,6 +19,13 @@ from builder.errors import ConfigError
 
 if TYPE_CHECKING:  # the registry client loads requests and tenacity: only runs that talk to one need them
     from builder.registry import Limits
+    from builder.sign import Signer
+
+
+def _no_signer() -> Signer:
+    from builder.sign import Signer
+
+    return Signer(mode="none", why="not signed (SPARKBUILD_SIGN=off)")
 
 
 def _default_limits() -> Limits:
@@ -70,6 +77,8 @@ class Options:
     wait: bool = True
     # BuildKit's cache across runners (builder/buildcache.py): auto, registry, inline or off.
     build_cache: buildcache.Setting = "auto"
+    # Who signs a published digest before its readable tags move (builder/sign.py: SPARKBUILD_SIGN).
+    signer: Signer = field(default_factory=_no_signer)
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Options:
@@ -79,6 +88,7 @@ class Options:
         """
         from builder import toolchain  # toolchain imports the matrix module: only planning needs it
         from builder.registry import Limits, check_address
+        from builder.sign import Signer
 
         d = defaults()["options"]
         env = os.environ
@@ -109,6 +119,7 @@ class Options:
             "registry_limits": Limits.from_mapping(defaults()["registry"], **limits),
             "token_realms": _hosts("SPARKBUILD_TOKEN_REALMS", env.get("SPARKBUILD_TOKEN_REALMS", "")),
             "build_cache": buildcache.check_setting("SPARKBUILD_BUILD_CACHE", env.get("SPARKBUILD_BUILD_CACHE") or "auto"),
+            "signer": Signer.from_env(env.get("SPARKBUILD_SIGN") or "auto", env),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         _check_date(values["date"])

@@ -68,6 +68,8 @@ class TargetRun:
     preflight: preflight.Report | None = None
     error: str | None = None
     seconds: float = 0.0
+    # How the published digest is signed (builder/sign.py); None until published.
+    signature: str | None = None
 
     def row(self) -> dict[str, object]:
         source = source_of(self.plan.target)
@@ -79,6 +81,7 @@ class TargetRun:
             "tag": f"{self.plan.repository}:{self.plan.content_tag}",
             "tags": list(self.plan.tags),
             "digest": self.digest,
+            "signature": self.signature,
             "status": self.status.value,
             "failed_at": None if self.failed_at is None else self.failed_at.value,
             "closure": None if self.closure is None else {"verdict": self.closure.verdict, "cell": self.closure.cell()},
@@ -149,8 +152,8 @@ def find_published(ctx: Context, run: TargetRun) -> bool:
     if digest is None:
         return True
     log.info(f"{run.plan.id}: {run.plan.content_tag} is already published ({digest}); nothing to build")
-    publish.move_tags(ctx.registry, run.plan, digest)
-    run.digest, run.status = digest, Status.UP_TO_DATE
+    published = publish.move_tags(ctx.registry, run.plan, digest, signer=ctx.opts.signer)
+    run.digest, run.status, run.signature = digest, Status.UP_TO_DATE, published.signature
     return False
 
 
@@ -193,8 +196,8 @@ def verify_image(ctx: Context, run: TargetRun) -> bool:
 def publish_image(ctx: Context, run: TargetRun) -> bool:
     assert run.image is not None
     run.status = Status.PUBLISHING
-    published = publish.push(ctx.engine, ctx.registry, run.plan, run.image)
-    run.digest, run.status = published.digest, Status.PUBLISHED
+    published = publish.push(ctx.engine, ctx.registry, run.plan, run.image, signer=ctx.opts.signer)
+    run.digest, run.status, run.signature = published.digest, Status.PUBLISHED, published.signature
     return True
 
 

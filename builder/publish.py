@@ -14,11 +14,12 @@ from dataclasses import dataclass
 
 import tenacity
 
-from builder import log
+from builder import log, sign
 from builder.engine import Engine, PushFailed, PushStalled
 from builder.errors import PublishError
 from builder.plan import TargetPlan
 from builder.registry import Registry
+from builder.sign import Signer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,6 +27,8 @@ class Published:
     reference: str
     digest: str
     tags: tuple[str, ...]
+    # What signed it: "cosign (key)", "cosign (keyless)", or "unsigned" (said with a warning).
+    signature: str
 
 
 def push_image(engine: Engine, registry: Registry, repository: str, tag: str) -> str:
@@ -60,7 +63,9 @@ def push_image(engine: Engine, registry: Registry, repository: str, tag: str) ->
     raise AssertionError("tenacity ends with a result or an exception")
 
 
-def push(engine: Engine, registry: Registry, plan: TargetPlan, local: str, *, verified: bool = True) -> Published:
+def push(
+    engine: Engine, registry: Registry, plan: TargetPlan, local: str, *, verified: bool = True, signer: Signer | None = None
+) -> Published:
     remote = f"{registry.host}/{plan.repository}"
     engine.tag(local, remote, plan.content_tag)
     pushed = push_image(engine, registry, remote, plan.content_tag)
@@ -74,19 +79,23 @@ def push(engine: Engine, registry: Registry, plan: TargetPlan, local: str, *, ve
         raise PublishError(
             f"{remote}:{plan.content_tag}: pushed {pushed} but the registry serves {served}; readable tags were not moved"
         )
-    return move_tags(registry, plan, pushed, verified=verified)
+    # Signed and checked by digest before any readable tag names it (a failure stops here).
+    return move_tags(registry, plan, pushed, verified=verified, signer=signer)
 
 
-def move_tags(registry: Registry, plan: TargetPlan, digest: str, *, verified: bool = True) -> Published:
-    """Point every readable tag at ``digest`` (already in the registry), then, for an image that
-    passed verify, the target's last-good tag; saying which tags move."""
+def move_tags(
+    registry: Registry, plan: TargetPlan, digest: str, *, verified: bool = True, signer: Signer | None = None
+) -> Published:
+    """Sign ``digest`` (already in the registry) and check the signature; then point every readable
+    tag at it, then, for an image that passed verify, the target's last-good tag; saying which move."""
+    reference = f"{registry.host}/{plan.repository}@{digest}"
+    signature = sign.ensure_signed(signer or sign.Signer(mode="none", why=sign.UNSIGNED), reference, registry.host)
     point(registry, plan.repository, plan.tags, digest)
     last_good = (last_good_tag(plan.id),) if verified else ()
     point(registry, plan.repository, last_good, digest)
-    reference = f"{registry.host}/{plan.repository}@{digest}"
     tags = (plan.content_tag, *plan.tags, *last_good)
     log.info(f"published {reference} as {', '.join(tags)}")
-    return Published(reference=reference, digest=digest, tags=tags)
+    return Published(reference=reference, digest=digest, tags=tags, signature=signature)
 
 
 def last_good_tag(target_id: str) -> str:

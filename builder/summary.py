@@ -29,6 +29,7 @@ ROW_KEYS = (
     "tag",
     "tags",
     "digest",
+    "signature",
     "status",
     "failed_at",
     "closure",
@@ -38,7 +39,7 @@ ROW_KEYS = (
     "stages",
     "error",
 )
-HEADER = ("target", "vLLM", "commit", "patches", "preflight", "image tag", "digest", "verify", "status", "time")
+HEADER = ("target", "vLLM", "commit", "patches", "preflight", "image tag", "digest", "signed", "verify", "status", "time")
 MISSING = "no summary (job failed before the lane wrote one)"
 NOTHING_TO_DO = "nothing to do"
 # A summary.json holds a few rows: far below this.
@@ -62,6 +63,7 @@ def cells(row: Row) -> tuple[str, ...]:
         row["preflight"]["cell"] if row["preflight"] else "-",
         str(row["tag"]).rsplit(":", 1)[-1] if row["tag"] else "-",  # the content tag, without its repository
         str(row["digest"] or "-")[:19],
+        str(row["signature"] or "-"),
         str(row["verify"]),
         status if failed_at is None else f"{status} ({failed_at})",
         "-" if seconds is None else log.format_seconds(float(seconds)),

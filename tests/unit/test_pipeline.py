@@ -41,7 +41,9 @@ def test_summary_table_has_one_row_per_target() -> None:
     table = pipeline.summary_table([a_run(pipeline.Status.PUBLISHED)])
     header, rule, row = table.splitlines()
     columns = [cell.strip() for cell in header.split("|")[1:-1]]
-    assert columns == ["target", "vLLM", "commit", "patches", "preflight", "image tag", "digest", "verify", "status", "time"]
+    assert columns == [
+        *("target", "vLLM", "commit", "patches", "preflight", "image tag", "digest", "signed", "verify", "status", "time")
+    ]
     assert set(rule) <= {"|", "-"}
     assert "vllm-0.32.0-cpu-amd64" in row and "published" in row and "4m51s" in row
     assert "1/1 answers, c=1: TTFT 17 ms, 592 tok/s" in row
