@@ -16,11 +16,28 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
 
-from builder import build, closure, disk, fsutil, gitrepo, log, model, patch, plan, preflight, publish, runlock, summary, verify
+from builder import (
+    attest,
+    build,
+    closure,
+    disk,
+    fsutil,
+    gitrepo,
+    log,
+    model,
+    patch,
+    plan,
+    preflight,
+    publish,
+    runlock,
+    summary,
+    verify,
+)
 from builder.engine import Engine
 from builder.errors import FatalError, LaneFailed, PatchError, RegistryUnavailableError
 from builder.matrix import GitSource, Target
@@ -68,6 +85,8 @@ class TargetRun:
     preflight: preflight.Report | None = None
     error: str | None = None
     seconds: float = 0.0
+    # When its stages began (the provenance's startedOn).
+    started: datetime | None = None
 
     def row(self) -> dict[str, object]:
         source = source_of(self.plan.target)
@@ -149,6 +168,8 @@ def find_published(ctx: Context, run: TargetRun) -> bool:
     if digest is None:
         return True
     log.info(f"{run.plan.id}: {run.plan.content_tag} is already published ({digest}); nothing to build")
+    # One published before sparkbuild attached documents gets them now (the engine only if the SBOM is missing).
+    attest.attach(lambda: ctx.engine, ctx.registry, run.plan, digest, evidence(ctx, run))
     publish.move_tags(ctx.registry, run.plan, digest)
     run.digest, run.status = digest, Status.UP_TO_DATE
     return False
@@ -193,9 +214,13 @@ def verify_image(ctx: Context, run: TargetRun) -> bool:
 def publish_image(ctx: Context, run: TargetRun) -> bool:
     assert run.image is not None
     run.status = Status.PUBLISHING
-    published = publish.push(ctx.engine, ctx.registry, run.plan, run.image)
+    published = publish.push(ctx.engine, ctx.registry, run.plan, run.image, evidence=evidence(ctx, run))
     run.digest, run.status = published.digest, Status.PUBLISHED
     return True
+
+
+def evidence(ctx: Context, run: TargetRun) -> attest.Evidence:
+    return attest.Evidence.of(ctx.opts, run.plan, build.local_ref(run.plan), run.started)
 
 
 TARGET_STAGES: tuple[TargetStage, ...] = (
@@ -228,6 +253,7 @@ def run_target(ctx: Context, run: TargetRun, stages: tuple[TargetStage, ...] = T
     recorded (with its traceback, for a surprise, in ``<out>/<target>/error.log``) and the lane goes
     on. Only Ctrl-C stops the lane."""
     start = time.monotonic()
+    run.started = datetime.now(UTC)
     try:
         for stage in stages:
             if not stage(ctx, run):
