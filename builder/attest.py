@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 VERIFY_MEDIA_TYPE = "application/vnd.sparkbuild.verify+json"
 KINDS = ("sbom", "provenance", "verify")
+# What `oras pull` saves each as.
+FILES = {"sbom": "sbom.cdx.json", "provenance": "provenance.intoto.json", "verify": "verify.json"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,7 +59,10 @@ def attach(engine: Callable[[], Engine], registry: Registry, p: TargetPlan, dige
                 continue
             payload, media_type = document
             annotations = {referrers.KIND: kind, referrers.CREATED: _now()}
-            referrers.attach(registry, p.repository, digest, payload, media_type, annotations)
+            attached = referrers.Document(
+                payload=payload, artifact_type=media_type, filename=FILES[kind], annotations=annotations
+            )
+            referrers.attach(registry, p.repository, digest, attached)
             made.append(kind)
     except (PublishError, EngineError) as exc:
         raise PublishError(

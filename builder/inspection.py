@@ -93,7 +93,7 @@ def _provenance_lines(statement: Mapping[str, Any] | None) -> list[str]:
     ]
     for material in provenance.materials(statement):
         digests = ", ".join(f"{alg} {value}" for alg, value in (material.get("digest") or {}).items())
-        lines.append(f"    {material.get('name', '')}  {material.get('uri', '')}  {digests}")
+        lines.append("    " + "  ".join(str(part) for part in (material.get("name"), material.get("uri"), digests) if part))
     return lines
 
 

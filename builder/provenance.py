@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from builder import __version__, base_image, plan, sbom
+from builder import __version__, base_image, cmd, log, plan, sbom
 
 MEDIA_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -61,7 +61,9 @@ def _own_commit() -> str | None:
     checkout = Path(__file__).resolve().parent.parent
     if not (checkout / ".git").exists():
         return None
-    done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
+    args = ["git", "-C", str(checkout), "rev-parse", "HEAD"]
+    log.info(cmd.show(args))
+    done = subprocess.run(args, capture_output=True, text=True, check=False)
     return done.stdout.strip() if done.returncode == 0 else None
 
 

@@ -30,6 +30,7 @@ EMPTY = b"{}"
 # The annotation sparkbuild puts on each attached document: what it is, for a person's `oras discover`.
 KIND = "io.sparkbuild.attached"
 CREATED = "org.opencontainers.image.created"
+TITLE = "org.opencontainers.image.title"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,11 +59,20 @@ def fallback_tag(digest: str) -> str:
     return f"{algorithm}-{value}"[:128]
 
 
-def attach(
-    registry: Registry, repository: str, subject: str, payload: bytes, artifact_type: str, annotations: dict[str, str]
-) -> Attached:
-    """Push ``payload`` as an artifact whose subject is the manifest ``subject`` (in ``repository``),
+@dataclass(frozen=True, kw_only=True)
+class Document:
+    """What to attach: the bytes, their media type, the file name `oras pull` saves them as."""
+
+    payload: bytes
+    artifact_type: str
+    filename: str
+    annotations: dict[str, str]
+
+
+def attach(registry: Registry, repository: str, subject: str, document: Document) -> Attached:
+    """Push ``document`` as an artifact whose subject is the manifest ``subject`` (in ``repository``),
     and index it in the fallback tag where the registry does not index it itself."""
+    payload, artifact_type, annotations = document.payload, document.artifact_type, document.annotations
     subject_body, subject_type = registry.manifest(repository, subject)
     layer = registry.upload_blob(repository, payload)
     config = registry.upload_blob(repository, EMPTY)
@@ -71,7 +81,9 @@ def attach(
         "mediaType": OCI_MANIFEST,
         "artifactType": artifact_type,
         "config": {"mediaType": EMPTY_CONFIG, "digest": config, "size": len(EMPTY), "data": "e30="},
-        "layers": [{"mediaType": artifact_type, "digest": layer, "size": len(payload)}],
+        "layers": [
+            {"mediaType": artifact_type, "digest": layer, "size": len(payload), "annotations": {TITLE: document.filename}}
+        ],
         "subject": {"mediaType": subject_type, "digest": subject, "size": len(subject_body)},
         "annotations": annotations,
     }
@@ -103,7 +115,7 @@ def _fallback_index(registry: Registry, repository: str, subject: str) -> dict[s
         index = json.loads(body)
     except ValueError:
         index = None
-    if not isinstance(index, dict):
+    if not isinstance(index, dict) or not isinstance(index.get("manifests"), list):
         raise PublishError(
             f"{registry.host}/{repository}:{fallback_tag(subject)} is not an image index; it is the referrers tag of "
             f"{subject} (OCI distribution 1.1): delete it, then publish again to attach the documents anew"

@@ -22,7 +22,7 @@ from cyclonedx.schema import OutputFormat, SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 from packageurl import PackageURL
 
-from builder import __version__
+from builder import __version__, log
 from builder.errors import PublishError
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ def read_image(engine: Engine, image: str) -> ImageContents:
     package lists by running dpkg-query and python3 in containers that are always removed."""
     files = engine.read_files(image, [PIP_REPORT, MANIFEST, *OS_RELEASE])
     if files[MANIFEST] is None:
-        raise PublishError(f"{image} has no {MANIFEST}: it was not built by sparkbuild; rebuild it")
+        log.warning(f"{image} has no {MANIFEST} (not built by sparkbuild?): its SBOM lists no source-built component")
     dpkg = engine.output(image, ["dpkg-query", "-W", "-f", DPKG_FORMAT])
     installed = json.loads(engine.output(image, ["python3", "-c", LIST_DISTRIBUTIONS]))
     report = files[PIP_REPORT]
@@ -170,8 +170,7 @@ def python_components(report: Mapping[str, Any] | None, installed: Iterable[tupl
 
 
 def _python(name: str, version: str, item: Mapping[str, Any] | None) -> Component:
-    info = (item or {}).get("download_info") or {}
-    hashes = (info.get("archive_info") or {}).get("hashes") or {}
+    hashes = report_hashes(item)
     more = {"cuda-wheel": "true"} if normalize(name).startswith("nvidia-") else {}
     if item is None:
         more["note"] = "installed by an earlier stage; not in the runtime's pip report"
@@ -186,6 +185,16 @@ def _python(name: str, version: str, item: Mapping[str, Any] | None) -> Componen
         hashes=[HashType(alg=HASHES[alg], content=value) for alg, value in sorted(hashes.items()) if alg in HASHES],
         properties=_props("python", **more),
     )
+
+
+def report_hashes(item: Mapping[str, Any] | None) -> dict[str, str]:
+    """A pip report item's archive hashes: ``hashes`` (pip >= 23.1), else the older ``hash``
+    (``sha256=<hex>``, as Debian bookworm's pip 23.0 writes it)."""
+    archive = ((item or {}).get("download_info") or {}).get("archive_info") or {}
+    if archive.get("hashes"):
+        return dict(archive["hashes"])
+    algorithm, _, value = str(archive.get("hash") or "").partition("=")
+    return {algorithm: value} if value else {}
 
 
 def deb_components(debs: Iterable[Deb], distro: str) -> list[Component]:

@@ -52,8 +52,12 @@ def fake_commit(text: str) -> str:
 
 @pytest.fixture(scope="module")
 def spark_plan(tmp_path_factory: pytest.TempPathFactory) -> plan.TargetPlan:
-    """The shipped matrix's first Spark target, every ref and image pinned by a lock (as `resolve`
-    writes one; the commits made up), with one external project."""
+    return pinned_spark_plan(tmp_path_factory.mktemp("lock") / "matrix.lock.json")
+
+
+def pinned_spark_plan(lock_file: Path) -> plan.TargetPlan:
+    """The shipped matrix's first Spark target, every ref and image pinned by a lock written to
+    ``lock_file`` (as `resolve` writes one; the commits made up), with one external project."""
     m = matrix.load(ROOT / "matrix.yaml")
     git: dict[str, dict[str, str]] = {}
     externals: dict[str, list[dict[str, Any]]] = {}
@@ -76,9 +80,8 @@ def spark_plan(tmp_path_factory: pytest.TempPathFactory) -> plan.TargetPlan:
             }
         ]
     images = {name: "sha256:" + hashlib.sha256(name.encode()).hexdigest() for name in m.unpinned_images}
-    path = tmp_path_factory.mktemp("lock") / "matrix.lock.json"
-    lock.Lock(git=git, images=images, externals=externals).write(path)
-    opts = Options.from_env(matrix=ROOT / "matrix.yaml", lock=path, profile="spark")
+    lock.Lock(git=git, images=images, externals=externals).write(lock_file)
+    opts = Options.from_env(matrix=ROOT / "matrix.yaml", lock=lock_file, profile="spark")
     p = plan.make(opts)[0]
     assert p.unresolved == ()
     return p
@@ -140,6 +143,12 @@ def test_the_sbom_names_each_source_built_component_at_its_commit(spark_plan: pl
     }
     vllm = next(c for c in document["components"] if c["bom-ref"] == f"source:vllm@{inputs['vllm']['commit']}")
     assert vllm["purl"] == f"pkg:github/vllm-project/vllm@{inputs['vllm']['commit']}"
+
+
+def test_the_older_pip_report_hash_field_is_read() -> None:
+    item = {"download_info": {"archive_info": {"hash": "sha256=" + "cd" * 32}}}
+    assert sbom.report_hashes(item) == {"sha256": "cd" * 32}
+    assert sbom.report_hashes({"download_info": {"dir_info": {}}}) == {}
 
 
 def test_ubuntu_packages_are_named_for_ubuntu() -> None:
