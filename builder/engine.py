@@ -356,7 +356,7 @@ class Engine:
                 err: bytes = container.logs(stdout=False, stderr=True)
                 raise EngineError(f"{shlex.join(command)} in {image} exited {code}: {err.decode(errors='replace')[-500:]}")
             return out.decode(errors="replace")
-        except requests.exceptions.ReadTimeout:
+        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
             raise EngineError(f"{shlex.join(command)} in {image} did not end within {timeout_s:g}s") from None
         finally:
             container.remove(force=True)

@@ -43,7 +43,7 @@ def inspect(registry: Registry, repository: str, reference: str) -> dict[str, An
         )
     attached = referrers.listed(registry, repository, digest)
     newest = {a.kind: a for a in sorted(attached, key=lambda a: a.annotations.get(referrers.CREATED, ""))}
-    documents = {kind: json.loads(referrers.read(registry, repository, a)) for kind, a in newest.items() if kind in attest.KINDS}
+    documents = {kind: _document(registry, repository, a) for kind, a in newest.items() if kind in attest.KINDS}
     document = documents.get("sbom")
     return {
         "image": f"{registry.host}/{repository}@{digest}",
@@ -53,6 +53,16 @@ def inspect(registry: Registry, repository: str, reference: str) -> dict[str, An
         "provenance": documents.get("provenance"),
         "verify": documents.get("verify"),
     }
+
+
+def _document(registry: Registry, repository: str, attached: referrers.Attached) -> dict[str, Any]:
+    try:
+        data = json.loads(referrers.read(registry, repository, attached))
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise PublishError(f"{registry.host}/{repository}@{attached.digest}: the attached {attached.kind} is not a JSON object")
+    return data
 
 
 def text(report: Mapping[str, Any]) -> str:

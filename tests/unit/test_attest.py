@@ -210,3 +210,11 @@ def test_inspect_refuses_a_name_without_a_registry_or_tag(monkeypatch: pytest.Mo
         inspection.parse_image("team/vllm:nightly", None)
     with pytest.raises(ConfigError, match="name a tag or a digest"):
         inspection.parse_image("127.0.0.1:5000/team/vllm", None)
+
+
+def test_inspect_says_when_nothing_is_attached() -> None:
+    report = {"image": f"{IMAGE}@{DIGEST}", "digest": DIGEST, "attached": [], "sbom": None, "provenance": None, "verify": None}
+    assert inspection.text(report).splitlines() == [
+        f"{IMAGE}@{DIGEST}",
+        "  nothing attached (published before sparkbuild attached documents; `sparkbuild nightly` adds them)",
+    ]
