@@ -213,7 +213,14 @@ def test_inspect_refuses_a_name_without_a_registry_or_tag(monkeypatch: pytest.Mo
 
 
 def test_inspect_says_when_nothing_is_attached() -> None:
-    report = {"image": f"{IMAGE}@{DIGEST}", "digest": DIGEST, "attached": [], "sbom": None, "provenance": None, "verify": None}
+    report: dict[str, Any] = {
+        "image": f"{IMAGE}@{DIGEST}",
+        "digest": DIGEST,
+        "attached": [],
+        "sbom": None,
+        "provenance": None,
+        "verify": None,
+    }
     assert inspection.text(report).splitlines() == [
         f"{IMAGE}@{DIGEST}",
         "  nothing attached (published before sparkbuild attached documents; `sparkbuild nightly` adds them)",
