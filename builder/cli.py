@@ -364,8 +364,8 @@ def verify_cmd(
 @click.option("--unverified", is_flag=True, help="Publish without a passing verify result.")
 @waiting
 def publish_cmd(registry: str | None, unverified: bool, **kwargs: Any) -> None:
-    """Push built images by digest, check the digest, then move readable tags."""
-    from builder import build, disk, pipeline, plan, publish, runlock
+    """Push built images by digest, check the digest, attach SBOM, provenance and verify result, then move readable tags."""
+    from builder import attest, build, disk, pipeline, plan, publish, runlock
     from builder.engine import Engine
 
     opts = make_options(registry=registry, **kwargs)
@@ -378,7 +378,10 @@ def publish_cmd(registry: str | None, unverified: bool, **kwargs: Any) -> None:
         todo = [p for p in plans if reg.digest(p.repository, p.content_tag) is None]
         disk.check(disk.needs(todo, opts.cache, engine_root=None, in_engine=engine.image_exists, registry_storage=storage))
         for p in plans:
-            done = publish.push(engine, reg, p, build.local_ref(p), verified=not unverified, signer=opts.signer)
+            evidence = attest.Evidence.of(opts, p, build.local_ref(p))
+            done = publish.push(
+                engine, reg, p, build.local_ref(p), verified=not unverified, evidence=evidence, signer=opts.signer
+            )
             click.echo(f"{p.id}: {done.reference} ({', '.join(done.tags)}; {done.signature})")
 
 
@@ -394,6 +397,23 @@ def require_verified(opts: Options, p: plan.TargetPlan, unverified: bool) -> Non
             f"{build.local_ref(p)} has no passing verify result in {result}; run "
             f"`sparkbuild verify {build.local_ref(p)}` first, or pass --unverified"
         )
+
+
+@cli.command("inspect")
+@click.argument("image")
+@click.option("--registry", help="host:port for an IMAGE named without one (default: SPARKBUILD_REGISTRY).")
+@click.option("--json", "as_json", is_flag=True, help="Print everything attached as JSON (the documents in full).")
+def inspect_cmd(image: str, registry: str | None, as_json: bool) -> None:
+    """Print what is attached to a published IMAGE (host/repo@sha256:..., host/repo:tag): SBOM, provenance, verify."""
+    from builder import inspection
+    from builder.registry import Registry
+
+    host, repository, reference = inspection.parse_image(image, registry)
+    report = inspection.inspect(Registry.parse(host), repository, reference)
+    if as_json:
+        emit_json(report)
+        return
+    click.echo(inspection.text(report))
 
 
 @cli.command("gc")

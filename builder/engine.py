@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import docker
 import docker.auth
@@ -294,9 +295,9 @@ class Engine:
             raise PushFailed(f"push of {repository}:{tag} reported no digest")
         return str(digest)
 
-    def copy_out(self, image: str, path: str, dest: Path) -> Path:
-        """Copy ``path`` out of ``image`` into ``dest`` (a created, never started container)."""
-        log.info(f"+ docker create {image}; docker cp CONTAINER:{path} {dest}  (SDK)")
+    @contextmanager
+    def _created(self, image: str) -> Iterator[SdkContainer]:
+        """A container made from ``image`` and never started (to read its files); always removed."""
         held = signals.Held()
         try:
             with held:
@@ -305,19 +306,60 @@ class Engine:
             raise EngineError(f"could not create a container from {image}: {exc.explanation}") from None
         try:
             held.deliver()
-            stream, _ = container.get_archive(path)
-            dest.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryFile() as buffer:
-                for chunk in stream:
-                    buffer.write(chunk)
-                buffer.seek(0)
-                with tarfile.open(fileobj=buffer) as tar:
-                    tar.extractall(dest, filter="data")
-        except docker.errors.NotFound:
-            raise EngineError(f"{image} has no {path}") from None
+            yield container
         finally:
             container.remove(force=True)
+
+    def copy_out(self, image: str, path: str, dest: Path) -> Path:
+        """Copy ``path`` out of ``image`` into ``dest`` (a created, never started container)."""
+        log.info(f"+ docker create {image}; docker cp CONTAINER:{path} {dest}  (SDK)")
+        with self._created(image) as container, tempfile.TemporaryFile() as buffer:
+            _archive(container, image, path, buffer)
+            dest.mkdir(parents=True, exist_ok=True)
+            with tarfile.open(fileobj=buffer) as tar:
+                tar.extractall(dest, filter="data")
         return dest / Path(path).name
+
+    def read_files(self, image: str, paths: Sequence[str]) -> dict[str, bytes | None]:
+        """The content of each file of ``paths`` in ``image`` (None where it has none, or a link or
+        folder is there), read from one created, never started container."""
+        log.info(f"+ docker create {image}; docker cp CONTAINER:{{{','.join(paths)}}} -  (SDK)")
+        found: dict[str, bytes | None] = {}
+        with self._created(image) as container:
+            for path in paths:
+                with tempfile.TemporaryFile() as buffer:
+                    try:
+                        _archive(container, image, path, buffer)
+                    except EngineError:
+                        found[path] = None
+                        continue
+                    found[path] = _single_file(buffer)
+        return found
+
+    def output(self, image: str, command: Sequence[str], *, timeout_s: float = 300) -> str:
+        """Run ``command`` in ``image`` (no network, its entrypoint replaced) to its end; its stdout.
+        The container is always removed; a non-zero exit is an EngineError with its output."""
+        args = ["docker", "run", "--rm", "--network", "none", "--entrypoint", command[0], image, *command[1:]]
+        log.info(cmd.show(args) + "  (SDK)")
+        held = signals.Held()
+        try:
+            with held:
+                container = self.client.containers.create(image, list(command[1:]), entrypoint=[command[0]], network_mode="none")
+        except docker.errors.APIError as exc:
+            raise EngineError(f"could not create a container from {image}: {exc.explanation}") from None
+        try:
+            held.deliver()
+            container.start()
+            code = int(container.wait(timeout=timeout_s).get("StatusCode", -1))
+            out: bytes = container.logs(stdout=True, stderr=False)
+            if code != 0:
+                err: bytes = container.logs(stdout=False, stderr=True)
+                raise EngineError(f"{shlex.join(command)} in {image} exited {code}: {err.decode(errors='replace')[-500:]}")
+            return out.decode(errors="replace")
+        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+            raise EngineError(f"{shlex.join(command)} in {image} did not end within {timeout_s:g}s") from None
+        finally:
+            container.remove(force=True)
 
     # --- containers ------------------------------------------------------------------------
 
@@ -374,3 +416,21 @@ class Engine:
         log.info(f"+ docker rm --force {name}  (SDK)")
         with contextlib.suppress(docker.errors.NotFound):  # already gone is what we wanted
             self.client.api.remove_container(name, force=True)
+
+
+def _archive(container: SdkContainer, image: str, path: str, buffer: IO[bytes]) -> None:
+    """``path`` of ``container`` as a tar stream into ``buffer`` (rewound); EngineError if missing."""
+    try:
+        stream, _ = container.get_archive(path)
+        for chunk in stream:
+            buffer.write(chunk)
+    except docker.errors.NotFound:
+        raise EngineError(f"{image} has no {path}") from None
+    buffer.seek(0)
+
+
+def _single_file(buffer: IO[bytes]) -> bytes | None:
+    with tarfile.open(fileobj=buffer) as tar:
+        member = tar.next()
+        data = tar.extractfile(member) if member is not None and member.isfile() else None
+        return None if data is None else data.read()

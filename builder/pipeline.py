@@ -16,11 +16,28 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
 
-from builder import build, closure, disk, fsutil, gitrepo, log, model, patch, plan, preflight, publish, runlock, summary, verify
+from builder import (
+    attest,
+    build,
+    closure,
+    disk,
+    fsutil,
+    gitrepo,
+    log,
+    model,
+    patch,
+    plan,
+    preflight,
+    publish,
+    runlock,
+    summary,
+    verify,
+)
 from builder.engine import Engine
 from builder.errors import FatalError, LaneFailed, PatchError, RegistryUnavailableError
 from builder.matrix import GitSource, Target
@@ -70,6 +87,8 @@ class TargetRun:
     seconds: float = 0.0
     # How the published digest is signed (builder/sign.py); None until published.
     signature: str | None = None
+    # When its stages began (the provenance's startedOn).
+    started: datetime | None = None
 
     def row(self) -> dict[str, object]:
         source = source_of(self.plan.target)
@@ -152,6 +171,8 @@ def find_published(ctx: Context, run: TargetRun) -> bool:
     if digest is None:
         return True
     log.info(f"{run.plan.id}: {run.plan.content_tag} is already published ({digest}); nothing to build")
+    # One published before sparkbuild attached documents gets them now (the engine only if the SBOM is missing).
+    attest.attach(lambda: ctx.engine, ctx.registry, run.plan, digest, evidence(ctx, run))
     published = publish.move_tags(ctx.registry, run.plan, digest, signer=ctx.opts.signer)
     run.digest, run.status, run.signature = digest, Status.UP_TO_DATE, published.signature
     return False
@@ -196,9 +217,13 @@ def verify_image(ctx: Context, run: TargetRun) -> bool:
 def publish_image(ctx: Context, run: TargetRun) -> bool:
     assert run.image is not None
     run.status = Status.PUBLISHING
-    published = publish.push(ctx.engine, ctx.registry, run.plan, run.image, signer=ctx.opts.signer)
+    published = publish.push(ctx.engine, ctx.registry, run.plan, run.image, evidence=evidence(ctx, run), signer=ctx.opts.signer)
     run.digest, run.status, run.signature = published.digest, Status.PUBLISHED, published.signature
     return True
+
+
+def evidence(ctx: Context, run: TargetRun) -> attest.Evidence:
+    return attest.Evidence.of(ctx.opts, run.plan, build.local_ref(run.plan), run.started)
 
 
 TARGET_STAGES: tuple[TargetStage, ...] = (
@@ -231,6 +256,7 @@ def run_target(ctx: Context, run: TargetRun, stages: tuple[TargetStage, ...] = T
     recorded (with its traceback, for a surprise, in ``<out>/<target>/error.log``) and the lane goes
     on. Only Ctrl-C stops the lane."""
     start = time.monotonic()
+    run.started = datetime.now(UTC)
     try:
         for stage in stages:
             if not stage(ctx, run):

@@ -1,7 +1,8 @@
-"""Publish stage: push by digest, check the digest, then move the readable tags.
+"""Publish stage: push by digest, check the digest, attach the documents, then move the readable tags.
 
-Readable tags are set through the registry API from the manifest already pushed, so they only
-ever point at a complete, checked image: nothing is half-published. A registry cannot move two
+The image's SBOM, provenance and verify result are attached to its digest (``builder.attest``)
+before any readable tag moves. Readable tags are set through the registry API from the manifest
+already pushed, so they only ever point at a complete, checked image: nothing is half-published. A registry cannot move two
 tags at once, so the move is made visible instead: before it, each tag's current image is read;
 a failure says which tag points where; and the next run (the content tag is then in the
 registry) finishes the move before anything else, saying which tags it moves.
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 import tenacity
 
-from builder import log, sign
+from builder import attest, log, sign
 from builder.engine import Engine, PushFailed, PushStalled
 from builder.errors import PublishError
 from builder.plan import TargetPlan
@@ -64,8 +65,17 @@ def push_image(engine: Engine, registry: Registry, repository: str, tag: str) ->
 
 
 def push(
-    engine: Engine, registry: Registry, plan: TargetPlan, local: str, *, verified: bool = True, signer: Signer | None = None
+    engine: Engine,
+    registry: Registry,
+    plan: TargetPlan,
+    local: str,
+    *,
+    verified: bool = True,
+    evidence: attest.Evidence | None = None,
+    signer: Signer | None = None,
 ) -> Published:
+    """Push ``local`` by digest and check it; attach its SBOM, provenance and verify result (with
+    ``evidence``); sign it; then move the readable tags."""
     remote = f"{registry.host}/{plan.repository}"
     engine.tag(local, remote, plan.content_tag)
     pushed = push_image(engine, registry, remote, plan.content_tag)
@@ -79,6 +89,8 @@ def push(
         raise PublishError(
             f"{remote}:{plan.content_tag}: pushed {pushed} but the registry serves {served}; readable tags were not moved"
         )
+    if evidence is not None:
+        attest.attach(lambda: engine, registry, plan, pushed, evidence)
     # Signed and checked by digest before any readable tag names it (a failure stops here).
     return move_tags(registry, plan, pushed, verified=verified, signer=signer)
 

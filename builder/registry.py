@@ -160,6 +160,14 @@ def _say_retry(state: tenacity.RetryCallState, what: str, attempts: int) -> None
     log.info(f"  {what}: {reason} (try {state.attempt_number} of {attempts}); trying again in {wait:.1f}s")
 
 
+@dataclass(frozen=True, kw_only=True)
+class Stored:
+    """A manifest the registry took: its digest, and the subject it says it indexed (if any)."""
+
+    digest: str
+    subject: str | None
+
+
 @dataclass(frozen=True)
 class Registry:
     """A registry at ``host`` (``127.0.0.1:5000``); plain HTTP only on loopback, HTTPS elsewhere."""
@@ -316,13 +324,49 @@ class Registry:
         return body, response.headers.get("Content-Type", MANIFEST_TYPES[-1])
 
     def put_tag(self, repository: str, tag: str, body: bytes, media_type: str) -> str:
-        what = f"PUT {repository}:{tag}"
+        return self.put_manifest(repository, tag, body, media_type).digest
+
+    def put_manifest(self, repository: str, reference: str, body: bytes, media_type: str) -> Stored:
+        """PUT a manifest under a tag or its own digest; what the registry answered."""
+        what = f"PUT {repository}:{reference}" if ":" not in reference else f"PUT {repository}@{reference}"
         response = self._request(
-            "PUT", f"{self.base_url}/{repository}/manifests/{tag}", what, data=body, headers={"Content-Type": media_type}
+            "PUT", f"{self.base_url}/{repository}/manifests/{reference}", what, data=body, headers={"Content-Type": media_type}
         )
         if response.status_code not in (200, 201):
             raise self._refused(response, what)
-        return response.headers.get("Docker-Content-Digest", "")
+        # OCI distribution 1.1: a registry that keeps the referrers index itself says so with OCI-Subject.
+        return Stored(digest=response.headers.get("Docker-Content-Digest", ""), subject=response.headers.get("OCI-Subject"))
+
+    def upload_blob(self, repository: str, data: bytes) -> str:
+        """Put a blob (one POST and PUT: attached documents are small), unless the registry has it; its digest."""
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        what = f"upload blob {repository}@{digest}"
+        if self._request("HEAD", f"{self.base_url}/{repository}/blobs/{digest}", what).status_code == 200:
+            return digest
+        start = self._request("POST", f"{self.base_url}/{repository}/blobs/uploads/", what)
+        if start.status_code != 202 or "Location" not in start.headers:
+            raise self._refused(start, what)
+        location = urljoin(self.base_url, start.headers["Location"])
+        done = self._request(
+            "PUT", location, what, params={"digest": digest}, data=data, headers={"Content-Type": "application/octet-stream"}
+        )
+        if done.status_code != 201:
+            raise self._refused(done, what)
+        return digest
+
+    def referrers(self, repository: str, digest: str) -> list[dict[str, Any]] | None:
+        """The manifests whose subject is ``digest``, from the referrers API (OCI distribution 1.1);
+        None where the registry has no such API (404), so the caller reads the fallback tag."""
+        what = f"GET {repository} referrers of {digest}"
+        response = self._request("GET", f"{self.base_url}/{repository}/referrers/{digest}", what)
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise self._refused(response, what)
+        try:
+            return list(response.json().get("manifests") or [])
+        except (ValueError, AttributeError):
+            raise PublishError(f"registry {self.host}: {what} answered with something that is not an image index") from None
 
     def tags(self, repository: str) -> list[str]:
         """Every tag of ``repository`` (none when it does not exist), page by page as the registry

@@ -8,7 +8,18 @@ import sys
 
 from builder import bisect, cli
 
-HEAVY = ("docker", "jinja2", "git", "requests", "torch", "builder.plan", "builder.pipeline", "builder.matrix")
+HEAVY = (
+    "docker",
+    "jinja2",
+    "git",
+    "requests",
+    "torch",
+    "cyclonedx",
+    "packageurl",
+    "builder.plan",
+    "builder.pipeline",
+    "builder.matrix",
+)
 
 
 def loaded_after(code: str) -> set[str]:

@@ -1,0 +1,126 @@
+"""What is attached to a published image: its SBOM, its provenance and its verify result.
+
+Publish attaches them after the push and its digest check, before any readable tag moves: an image
+a readable tag points at has them. Each kind is attached once: a rerun, or a nightly that finds
+the image already published, attaches only what is missing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from builder import lock, log, provenance, referrers, sbom
+from builder.errors import EngineError, PublishError
+from builder.plan import TargetPlan
+from builder.registry import Registry
+
+if TYPE_CHECKING:
+    from builder.engine import Engine
+    from builder.options import Options
+
+VERIFY_MEDIA_TYPE = "application/vnd.sparkbuild.verify+json"
+KINDS = ("sbom", "provenance", "verify")
+# What `oras pull` saves each as.
+FILES = {"sbom": "sbom.cdx.json", "provenance": "provenance.intoto.json", "verify": "verify.json"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evidence:
+    """What the documents are made from beyond the plan and the image."""
+
+    files: provenance.Files
+    # The verify result of this target's image (attached where it exists and names that image).
+    verify: Path
+    local: str
+    started: datetime | None = None
+
+    @classmethod
+    def of(cls, opts: Options, p: TargetPlan, local: str, started: datetime | None = None) -> Evidence:
+        files = provenance.Files(matrix=opts.matrix, lock=opts.lock or lock.default_path(opts.matrix))
+        return cls(files=files, verify=opts.out / p.id / "verify.json", local=local, started=started)
+
+
+def attach(engine: Callable[[], Engine], registry: Registry, p: TargetPlan, digest: str, evidence: Evidence) -> list[str]:
+    """Attach to ``digest`` each document not attached yet; the kinds attached now. Any failure is a
+    PublishError that says no readable tag moved."""
+    try:
+        have = {a.kind for a in referrers.listed(registry, p.repository, digest)}
+        made = []
+        for kind in KINDS:
+            if kind in have:
+                continue
+            document = _make(kind, engine, registry, p, digest, evidence)
+            if document is None:
+                continue
+            payload, media_type = document
+            annotations = {referrers.KIND: kind, referrers.CREATED: _now()}
+            attached = referrers.Document(
+                payload=payload, artifact_type=media_type, filename=FILES[kind], annotations=annotations
+            )
+            referrers.attach(registry, p.repository, digest, attached)
+            made.append(kind)
+    except (PublishError, EngineError) as exc:
+        raise PublishError(
+            f"{p.id}: attaching the SBOM, provenance and verify result to {registry.host}/{p.repository}@{digest} "
+            f"failed: {exc}. No readable tag moved; rerun to attach what is missing (nothing is rebuilt)"
+        ) from None
+    if not made:
+        log.info(f"{p.id}: SBOM, provenance and verify result already attached to {digest[:19]}")
+    return made
+
+
+def _make(
+    kind: str, engine: Callable[[], Engine], registry: Registry, p: TargetPlan, digest: str, evidence: Evidence
+) -> tuple[bytes, str] | None:
+    image = f"{registry.host}/{p.repository}"
+    if kind == "sbom":
+        contents = sbom.read_image(engine(), _in_engine(engine(), image, digest, p.target.platform))
+        return sbom.to_json(sbom.make(contents, image=image, digest=digest)).encode(), sbom.MEDIA_TYPE
+    if kind == "provenance":
+        statement = provenance.statement(
+            p,
+            image=image,
+            digest=digest,
+            files=evidence.files,
+            builder=provenance.builder_identity(),
+            started=evidence.started,
+            finished=datetime.now(UTC) if evidence.started else None,
+        )
+        return json.dumps(statement, indent=2).encode(), provenance.MEDIA_TYPE
+    return _verify_result(evidence)
+
+
+def _verify_result(evidence: Evidence) -> tuple[bytes, str] | None:
+    """verify.json where it is this image's (a --unverified publish may have none)."""
+    data = _json(evidence.verify)
+    if data is None or data.get("image") != evidence.local:
+        log.info(f"  no verify result of {evidence.local} in {evidence.verify}: none attached")
+        return None
+    return json.dumps(data, indent=2).encode(), VERIFY_MEDIA_TYPE
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _in_engine(engine: Engine, image: str, digest: str, platform: str) -> str:
+    """The published image by digest, read from the engine (which has it after pushing it), else
+    pulled (a target published before sparkbuild attached SBOMs): not the local build of the same
+    content tag, which a rebuild may have made with other bytes."""
+    by_digest = f"{image}@{digest}"
+    if not engine.image_exists(by_digest):
+        engine.pull(image, digest, platform=platform)
+    return by_digest
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,124 @@
+"""``sparkbuild inspect IMAGE``: what is attached to a published image, read back by its digest."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from builder import attest, provenance, referrers, sbom
+from builder.errors import ConfigError, PublishError
+from builder.registry import Registry, check_address
+
+
+def parse_image(image: str, registry: str | None) -> tuple[str, str, str]:
+    """``host/repo@sha256:...``, ``host/repo:tag``, or ``repo:tag`` with ``registry`` (else
+    SPARKBUILD_REGISTRY) -> (host, repository, tag or digest)."""
+    name, at, digest = image.partition("@")
+    tag = ""
+    if not at:
+        last = name.rsplit("/", 1)[-1]
+        name, tag = (name.rsplit(":", 1)[0], last.rsplit(":", 1)[1]) if ":" in last else (name, "")
+    if not (digest or tag):
+        raise ConfigError(f"inspect {image}: name a tag or a digest (host/repository:tag or host/repository@sha256:...)")
+    first, slash, rest = name.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"):
+        return check_address(first), rest, digest or tag
+    host = registry or os.environ.get("SPARKBUILD_REGISTRY")
+    if not host:
+        raise ConfigError(
+            f"inspect {image}: no registry in the name; give host/repository:tag, --registry or SPARKBUILD_REGISTRY"
+        )
+    return check_address(host), name, digest or tag
+
+
+def inspect(registry: Registry, repository: str, reference: str) -> dict[str, Any]:
+    """Everything attached to the image, as JSON: the attached list and each document read back
+    (the newest of each kind)."""
+    digest = reference if reference.startswith("sha256:") else registry.digest(repository, reference)
+    if digest is None:
+        raise PublishError(
+            f"{registry.host}/{repository} has no tag '{reference}'; check the name (sparkbuild plan lists the tags)"
+        )
+    attached = referrers.listed(registry, repository, digest)
+    newest = {a.kind: a for a in sorted(attached, key=lambda a: a.annotations.get(referrers.CREATED, ""))}
+    documents = {kind: _document(registry, repository, a) for kind, a in newest.items() if kind in attest.KINDS}
+    document = documents.get("sbom")
+    return {
+        "image": f"{registry.host}/{repository}@{digest}",
+        "digest": digest,
+        "attached": [{"kind": a.kind, **a.to_json()} for a in attached],
+        "sbom": None if document is None else {"summary": sbom.summary(document), "document": document},
+        "provenance": documents.get("provenance"),
+        "verify": documents.get("verify"),
+    }
+
+
+def _document(registry: Registry, repository: str, attached: referrers.Attached) -> dict[str, Any]:
+    try:
+        data = json.loads(referrers.read(registry, repository, attached))
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise PublishError(f"{registry.host}/{repository}@{attached.digest}: the attached {attached.kind} is not a JSON object")
+    return data
+
+
+def text(report: Mapping[str, Any]) -> str:
+    """The short summary a person reads."""
+    lines = [str(report["image"])]
+    if not report["attached"]:
+        return "\n".join(
+            [*lines, "  nothing attached (published before sparkbuild attached documents; `sparkbuild nightly` adds them)"]
+        )
+    lines.append("  attached: " + ", ".join(f"{a['kind']} {a['digest'][:19]}" for a in report["attached"]))
+    lines += _sbom_lines(report["sbom"]) + _provenance_lines(report["provenance"]) + _verify_lines(report["verify"])
+    return "\n".join(lines)
+
+
+def _sbom_lines(found: Mapping[str, Any] | None) -> list[str]:
+    if found is None:
+        return ["  SBOM: none attached"]
+    s = found["summary"]
+    counts = s["counts"]
+    lines = [
+        f"  SBOM ({s['format']}): {s['components']} components: {counts['python']} python "
+        f"({counts['cuda_wheels']} CUDA wheels), {counts['deb']} deb, {counts['source']} from source"
+    ]
+    lines += [f"    from source: {b['name']} {b['commit']} ({b['repository']})" for b in s["from_source"]]
+    return lines
+
+
+def _provenance_lines(statement: Mapping[str, Any] | None) -> list[str]:
+    if statement is None:
+        return ["  provenance: none attached"]
+    run = statement.get("predicate", {}).get("runDetails", {})
+    builder = run.get("builder", {})
+    version = builder.get("version", {})
+    commit = f" (commit {version['commit'][:12]})" if version.get("commit") else ""
+    lines = [
+        f"  provenance ({statement.get('predicateType')}): built by {builder.get('id')} "
+        f"with sparkbuild {version.get('sparkbuild')}{commit}"
+    ]
+    for material in provenance.materials(statement):
+        digests = ", ".join(f"{alg} {value}" for alg, value in (material.get("digest") or {}).items())
+        lines.append("    " + "  ".join(str(part) for part in (material.get("name"), material.get("uri"), digests) if part))
+    return lines
+
+
+def _verify_lines(result: Mapping[str, Any] | None) -> list[str]:
+    if result is None:
+        return ["  verify: none attached"]
+    answers = result.get("answers") or []
+    good = sum(bool(a.get("ok")) for a in answers)
+    lines = [
+        f"  verify: {'ok' if result.get('ok') else 'FAILED'}, {good}/{len(answers)} answers "
+        f"(check {result.get('check')}, started in {result.get('startup_s', 0):.1f}s)"
+    ]
+    lines += [
+        f"    bench c={b['concurrency']}: TTFT p50 {b['ttft_ms_p50']:.0f} ms, decode {b['decode_tokens_per_s_p50']:.0f} tok/s, "
+        f"total {b['total_tokens_per_s']:.0f} tok/s ({b['requests']} requests)"
+        for b in result.get("bench") or ()
+    ]
+    return lines

@@ -1,0 +1,149 @@
+"""Documents attached to an image in its registry: OCI artifacts whose ``subject`` is the image.
+
+Each document (an SBOM, a provenance statement, a verify result) is one OCI image manifest with
+``artifactType``, the empty config and the document as its one layer, pushed by its own digest
+(OCI distribution spec 1.1, "Pushing manifests with subject"). A registry with the referrers API
+indexes it itself and says so (``OCI-Subject``); for one without (distribution 2.x), the fallback
+tag schema is kept here: the tag ``sha256-<hex>`` holds an image index of the image's referrers,
+read, added to and put back. ``oras discover`` and ``cosign tree`` read both.
+
+The calls go through ``builder.registry`` (retries with tenacity, credentials only to the
+registry's own host): oras-py, the maintained Python client, pushes a manifest with a subject but
+has no referrers listing and no fallback tag, and brings its own retries and credential handling.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from builder import log
+from builder.errors import PublishError
+from builder.registry import Registry
+
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+EMPTY_CONFIG = "application/vnd.oci.empty.v1+json"
+EMPTY = b"{}"
+# The annotation sparkbuild puts on each attached document: what it is, for a person's `oras discover`.
+KIND = "io.sparkbuild.attached"
+CREATED = "org.opencontainers.image.created"
+TITLE = "org.opencontainers.image.title"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Attached:
+    """One document attached to an image: its manifest's descriptor in the referrers index."""
+
+    digest: str
+    artifact_type: str
+    size: int
+    annotations: dict[str, str]
+
+    @property
+    def kind(self) -> str:
+        return self.annotations.get(KIND, self.artifact_type)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"digest": self.digest, "artifactType": self.artifact_type, "size": self.size, "annotations": self.annotations}
+
+    def descriptor(self) -> dict[str, Any]:
+        return {"mediaType": OCI_MANIFEST, **self.to_json()}
+
+
+def fallback_tag(digest: str) -> str:
+    """The referrers tag of the fallback schema: ``<alg>-<hex>``."""
+    algorithm, _, value = digest.partition(":")
+    return f"{algorithm}-{value}"[:128]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Document:
+    """What to attach: the bytes, their media type, the file name `oras pull` saves them as."""
+
+    payload: bytes
+    artifact_type: str
+    filename: str
+    annotations: dict[str, str]
+
+
+def attach(registry: Registry, repository: str, subject: str, document: Document) -> Attached:
+    """Push ``document`` as an artifact whose subject is the manifest ``subject`` (in ``repository``),
+    and index it in the fallback tag where the registry does not index it itself."""
+    payload, artifact_type, annotations = document.payload, document.artifact_type, document.annotations
+    subject_body, subject_type = registry.manifest(repository, subject)
+    layer = registry.upload_blob(repository, payload)
+    config = registry.upload_blob(repository, EMPTY)
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "artifactType": artifact_type,
+        "config": {"mediaType": EMPTY_CONFIG, "digest": config, "size": len(EMPTY), "data": "e30="},
+        "layers": [
+            {"mediaType": artifact_type, "digest": layer, "size": len(payload), "annotations": {TITLE: document.filename}}
+        ],
+        "subject": {"mediaType": subject_type, "digest": subject, "size": len(subject_body)},
+        "annotations": annotations,
+    }
+    body = json.dumps(manifest, indent=2, sort_keys=True).encode()
+    digest = "sha256:" + hashlib.sha256(body).hexdigest()
+    stored = registry.put_manifest(repository, digest, body, OCI_MANIFEST)
+    attached = Attached(digest=digest, artifact_type=artifact_type, size=len(body), annotations=annotations)
+    if stored.subject != subject:
+        _add_to_fallback(registry, repository, subject, attached)
+    log.info(f"  attached {attached.kind} {digest[:19]} to {repository}@{subject[:19]}")
+    return attached
+
+
+def _add_to_fallback(registry: Registry, repository: str, subject: str, attached: Attached) -> None:
+    """Read the fallback index, add the descriptor (once), put it back under the fallback tag."""
+    tag = fallback_tag(subject)
+    index = _fallback_index(registry, repository, subject)
+    manifests = [m for m in index.get("manifests") or () if m.get("digest") != attached.digest]
+    index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [*manifests, attached.descriptor()]}
+    registry.put_tag(repository, tag, json.dumps(index, indent=2, sort_keys=True).encode(), OCI_INDEX)
+
+
+def _fallback_index(registry: Registry, repository: str, subject: str) -> dict[str, Any]:
+    at = registry.digest(repository, fallback_tag(subject))
+    if at is None:
+        return {}
+    body, _ = registry.manifest(repository, at)
+    try:
+        index = json.loads(body)
+    except ValueError:
+        index = None
+    if not isinstance(index, dict) or not isinstance(index.get("manifests"), list):
+        raise PublishError(
+            f"{registry.host}/{repository}:{fallback_tag(subject)} is not an image index; it is the referrers tag of "
+            f"{subject} (OCI distribution 1.1): delete it, then publish again to attach the documents anew"
+        )
+    return index
+
+
+def listed(registry: Registry, repository: str, subject: str) -> list[Attached]:
+    """What is attached to ``subject``: from the referrers API, else the fallback tag."""
+    found = registry.referrers(repository, subject)
+    if found is None:
+        found = list(_fallback_index(registry, repository, subject).get("manifests") or ())
+    return [
+        Attached(
+            digest=str(m["digest"]),
+            artifact_type=str(m.get("artifactType", "")),
+            size=int(m.get("size", 0)),
+            annotations=dict(m.get("annotations") or {}),
+        )
+        for m in found
+        if m.get("digest")
+    ]
+
+
+def read(registry: Registry, repository: str, attached: Attached) -> bytes:
+    """The document an artifact carries (its first layer), checked against its digest."""
+    body, _ = registry.manifest(repository, attached.digest)
+    layers = json.loads(body).get("layers") or []
+    if not layers:
+        raise PublishError(f"{registry.host}/{repository}@{attached.digest}: an attached artifact with no layer")
+    return registry.blob(repository, str(layers[0]["digest"]))

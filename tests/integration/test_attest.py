@@ -1,0 +1,186 @@
+"""SBOM, provenance and verify result attached at publish, against the real embedded registry
+(Debian's docker-registry: distribution 2.8, no referrers API, so the fallback tag is used), read
+back by the image's digest and checked against the image itself; then ``sparkbuild inspect``.
+
+The image is small and real: the test base (Debian bookworm) with a venv whose pip reinstalls
+Debian's own wheels offline, writing a real installation report to /opt/sparkbuild/pip-report.json,
+and the build manifest of a Spark plan whose commits the lock pins (made up, as in
+tests/unit/test_attest.py). The verify result is a recorded one: no server is started here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker.errors
+import pytest
+
+from builder import attest, pipeline, plan, provenance, publish, referrers, sbom
+from builder.engine import Engine
+from builder.errors import PublishError
+from builder.options import Options
+from builder.registry import Registry
+from builder.verify import Answer, Bench, VerifyResult
+from tests.conftest import ROOT
+from tests.unit.cli_runner import sparkbuild
+from tests.unit.test_attest import pinned_spark_plan
+
+pytestmark = pytest.mark.docker
+
+LOCAL = "sparkbuild-test/attest-image:1"
+DOCKERFILE = """\
+FROM {base}
+ENV PATH=/opt/venv/bin:$PATH
+RUN python3 -m venv /opt/venv && mkdir -p /opt/sparkbuild \\
+    && pip install --no-index --force-reinstall --report /opt/sparkbuild/pip-report.json /usr/share/python-wheels/*.whl
+COPY manifest.json /opt/sparkbuild/manifest.json
+"""
+
+
+@pytest.fixture
+def spark_plan(tmp_path: Path) -> plan.TargetPlan:
+    return pinned_spark_plan(tmp_path / "matrix.lock.json")
+
+
+@pytest.fixture
+def image(engine: Engine, base: str, spark_plan: plan.TargetPlan, tmp_path: Path) -> Iterator[str]:
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "Dockerfile").write_text(DOCKERFILE.format(base=base))
+    (context / "manifest.json").write_text(json.dumps(spark_plan.manifest(), indent=2))
+    engine.build(
+        context=context, tag=LOCAL, platform="linux/amd64", labels={}, build_args={}, secrets={}, log_file=tmp_path / "build.log"
+    )
+    try:
+        yield LOCAL
+    finally:
+        for ref in (LOCAL, *(t for t in engine.inspect(LOCAL)["RepoTags"] if t != LOCAL)):
+            with contextlib.suppress(docker.errors.NotFound):
+                engine.client.images.remove(ref, force=True)
+
+
+def recorded_verify(path: Path) -> None:
+    answer = Answer(name="completion", api="completions", prompt="c d e f", expected=" g h i j", received=" g h i j")
+    bench = Bench(
+        concurrency=1, ttft_ms_p50=41.0, ttft_ms_max=52.0, decode_tokens_per_s_p50=88.0, total_tokens_per_s=80.0, requests=8
+    )
+    result = VerifyResult(image=LOCAL, model="alphabet", check="alphabet", startup_s=21.5, answers=(answer,), bench=(bench,))
+    path.write_text(json.dumps(result.to_json(), indent=2))
+
+
+def test_publish_attaches_sbom_provenance_and_verify_that_match_the_image(
+    engine: Engine, image: str, registry: Registry, spark_plan: plan.TargetPlan, tmp_path: Path
+) -> None:
+    recorded_verify(tmp_path / "verify.json")
+    files = provenance.Files(matrix=ROOT / "matrix.yaml", lock=tmp_path / "matrix.lock.json")
+    evidence = attest.Evidence(files=files, verify=tmp_path / "verify.json", local=image)
+    done = publish.push(engine, registry, spark_plan, image, evidence=evidence)
+    repo = spark_plan.repository
+
+    # distribution 2.8: no referrers API; the fallback tag indexes the three documents.
+    assert registry.referrers(repo, done.digest) is None
+    assert registry.digest(repo, referrers.fallback_tag(done.digest)) is not None
+    attached = {a.kind: a for a in referrers.listed(registry, repo, done.digest)}
+    assert sorted(attached) == ["provenance", "sbom", "verify"]
+    assert attached["sbom"].artifact_type == "application/vnd.cyclonedx+json"
+    assert attached["provenance"].artifact_type == "application/vnd.in-toto+json"
+
+    artifact = json.loads(registry.manifest(repo, attached["sbom"].digest)[0])
+    assert artifact["subject"]["digest"] == done.digest and artifact["artifactType"] == "application/vnd.cyclonedx+json"
+    assert artifact["layers"][0]["annotations"] == {"org.opencontainers.image.title": "sbom.cdx.json"}
+    document = json.loads(referrers.read(registry, repo, attached["sbom"]))
+    check_sbom(engine, image, document, spark_plan)
+    statement = json.loads(referrers.read(registry, repo, attached["provenance"]))
+    check_provenance(statement, spark_plan, f"{registry.host}/{repo}", done.digest)
+    assert json.loads(referrers.read(registry, repo, attached["verify"]))["image"] == image
+
+    check_inspect(registry, f"{registry.host}/{repo}@{done.digest}", spark_plan)
+
+    # Again: the image is the same, everything is attached; nothing new goes up.
+    assert publish.push(engine, registry, spark_plan, image, evidence=evidence).digest == done.digest
+    assert len(referrers.listed(registry, repo, done.digest)) == 3
+
+
+def check_sbom(engine: Engine, image: str, document: dict[str, Any], p: plan.TargetPlan) -> None:
+    """Against the image itself: every distribution of its pip report (with its hash), every deb
+    dpkg lists, every source commit of its manifest."""
+    components = document["components"]
+    by_ref = {c["bom-ref"]: c for c in components}
+    report = json.loads(engine.read_files(image, [sbom.PIP_REPORT])[sbom.PIP_REPORT] or b"{}")
+    assert report["install"], "the image's pip report lists what pip installed"
+    for item in report["install"]:
+        name, version = sbom.normalize(item["metadata"]["name"]), item["metadata"]["version"]
+        # Debian's pip 23.0 writes the older "hash": "sha256=<hex>"; its digest, whichever the field.
+        digest = item["download_info"]["archive_info"]["hash"].removeprefix("sha256=")
+        assert by_ref[f"pypi:{name}@{version}"]["hashes"] == [{"alg": "SHA-256", "content": digest}]
+    debs = sbom.parse_dpkg(engine.output(image, ["dpkg-query", "-W", "-f", sbom.DPKG_FORMAT]))
+    assert len(debs) > 50
+    for deb in debs:
+        assert f"deb:{deb.name}@{deb.version}?arch={deb.arch}" in by_ref
+    commits = {c for _, _, c in sbom.sources(p.manifest()["inputs"])}
+    assert {b["commit"] for b in sbom.summary(document)["from_source"]} == commits and len(commits) >= 4
+
+
+def check_provenance(statement: dict[str, Any], p: plan.TargetPlan, name: str, digest: str) -> None:
+    assert statement["subject"] == [{"name": name, "digest": {"sha256": digest.removeprefix("sha256:")}}]
+    materials = provenance.materials(statement)
+    commits = {m["digest"]["gitCommit"] for m in materials if "gitCommit" in m["digest"]}
+    assert {c for _, _, c in sbom.sources(p.manifest()["inputs"])} <= commits
+    patches = {m["name"].removeprefix("patch:"): m["digest"]["sha256"] for m in materials if m["name"].startswith("patch:")}
+    assert patches == p.inputs["patches"]
+    assert any(m["name"] == "lock" for m in materials)
+
+
+def check_inspect(registry: Registry, reference: str, p: plan.TargetPlan) -> None:
+    shown = sparkbuild("inspect", reference)
+    assert shown.code == 0, shown.err
+    text = shown.out
+    assert reference in text
+    assert "SBOM (CycloneDX 1.6)" in text and "deb" in text
+    vllm = p.inputs["vllm"]["commit"]
+    assert f"from source: vllm {vllm}" in text and f"gitCommit {vllm}" in text
+    assert "verify: ok, 1/1 answers" in text and "bench c=1: TTFT p50 41 ms" in text
+    as_json = sparkbuild("inspect", reference, "--json")
+    assert as_json.code == 0, as_json.err
+    report = json.loads(as_json.out)
+    assert report["digest"] == reference.rsplit("@", 1)[1]
+    assert {a["kind"] for a in report["attached"]} == {"sbom", "provenance", "verify"}
+    assert report["sbom"]["summary"]["counts"]["source"] >= 4
+    assert report["provenance"]["predicateType"] == "https://slsa.dev/provenance/v1"
+    assert report["verify"]["ok"] is True
+    by_tag = sparkbuild("inspect", f"{p.repository}:{p.content_tag}", "--registry", registry.host, "--json")
+    assert by_tag.code == 0 and json.loads(by_tag.out)["digest"] == report["digest"]
+
+
+def test_a_nightly_attaches_what_an_image_published_before_lacks(
+    engine: Engine, image: str, registry: Registry, spark_plan: plan.TargetPlan, tmp_path: Path
+) -> None:
+    """An image published without documents (as before sparkbuild attached them) gets its SBOM and
+    provenance when a nightly finds it up to date; no verify result is in --out, so none is attached."""
+    done = publish.push(engine, registry, spark_plan, image)
+    assert referrers.listed(registry, spark_plan.repository, done.digest) == []
+    opts = Options.from_env(matrix=ROOT / "matrix.yaml", lock=tmp_path / "matrix.lock.json", out=tmp_path / "out")
+    ctx = pipeline.Context(opts, registry, tmp_path / "work", {})
+    run = pipeline.TargetRun(spark_plan)
+    assert pipeline.find_published(ctx, run) is False and run.status == pipeline.Status.UP_TO_DATE
+    kinds = sorted(a.kind for a in referrers.listed(registry, spark_plan.repository, done.digest))
+    assert kinds == ["provenance", "sbom"]
+
+
+def test_a_failed_attach_fails_the_publish_and_moves_no_readable_tag(
+    engine: Engine, image: str, registry: Registry, spark_plan: plan.TargetPlan, tmp_path: Path
+) -> None:
+    repo = spark_plan.repository
+    engine.tag(image, f"{registry.host}/{repo}", spark_plan.content_tag)
+    digest = publish.push_image(engine, registry, f"{registry.host}/{repo}", spark_plan.content_tag)
+    # Something else under the image's referrers tag: not an index sparkbuild can add to.
+    registry.put_tag(repo, referrers.fallback_tag(digest), *registry.manifest(repo, digest))
+    files = provenance.Files(matrix=ROOT / "matrix.yaml", lock=tmp_path / "matrix.lock.json")
+    evidence = attest.Evidence(files=files, verify=tmp_path / "verify.json", local=image)
+    with pytest.raises(PublishError, match=r"attaching the SBOM.*is not an image index.*No readable tag moved"):
+        publish.push(engine, registry, spark_plan, image, evidence=evidence)
+    assert all(registry.digest(repo, tag) is None for tag in spark_plan.tags)
