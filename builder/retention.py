@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from builder import log, publish, validate
+from builder import log, publish, referrers, validate
 from builder.errors import ConfigError, PublishError
 from builder.matrix import Target
 from builder.registry import Registry
@@ -156,10 +156,27 @@ def gc(registry: Registry, targets: Iterable[Target], *, dry_run: bool) -> list[
         log.info(f"gc --dry-run: would delete {len(doomed)} image(s); nothing deleted")
         return decisions
     for repository, digest in doomed:
+        # What hangs off the image goes with it: its attached documents, their fallback index and
+        # cosign's signature; left, they would keep those manifests tagged for ever.
+        for extra in followers(registry, repository, digest):
+            log.info(f"+ DELETE {registry.host}/{repository}@{extra}  (attached to {digest[:19]})")
+            registry.delete(repository, extra)
         log.info(f"+ DELETE {registry.host}/{repository}@{digest}")
         registry.delete(repository, digest)
     log.info(f"gc: deleted {len(doomed)} image(s); {REGISTRY_GC}" if doomed else "gc: nothing to delete")
     return decisions
+
+
+def followers(registry: Registry, repository: str, digest: str) -> list[str]:
+    """The manifests that exist for ``digest`` alone: the documents attached to it (SBOM, provenance,
+    verify result), the referrers fallback index (``sha256-<hex>``) and cosign's ``sha256-<hex>.sig``."""
+    found = [a.digest for a in referrers.listed(registry, repository, digest)]
+    tag = referrers.fallback_tag(digest)
+    for name in (tag, f"{tag}.sig"):
+        at = registry.digest(repository, name)
+        if at is not None:
+            found.append(at)
+    return list(dict.fromkeys(found))
 
 
 @dataclass(frozen=True, kw_only=True)

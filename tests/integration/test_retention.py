@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from builder import matrix, publish, retention
+from builder import matrix, publish, referrers, retention
 from builder.errors import ConfigError
 from builder.registry import Registry
 from tests.conftest import CHECKS
@@ -108,8 +108,13 @@ def test_gc_keeps_the_newest_and_every_digest_another_tag_points_to(
     registry.put_tag(repo, "0.34.0rc1", *body[beta[1][0]])  # an rc tag
     registry.put_tag(repo, "beta", *body[beta[4][0]])
 
+    # Documents attached to an image that goes (and to one that stays), as publish attaches them.
+    sbom = referrers.Document(payload=b"{}", artifact_type="application/vnd.cyclonedx+json", filename="sbom.json", annotations={})
+    gone_doc = referrers.attach(registry, repo, alpha[1][1], sbom)
+    kept_doc = referrers.attach(registry, repo, alpha[11][1], sbom)
+
     dry = retention.gc(registry, targets.values(), dry_run=True)
-    assert len(registry.tags(repo)) == 24 + 4  # nothing deleted
+    assert len(registry.tags(repo)) == 24 + 4 + 2  # nothing deleted (two referrers fallback tags)
     doomed = {d.tag for d in dry if d.action == "delete"}
     expected_alpha = {tag for i, (tag, _) in enumerate(alpha[:7]) if i not in (0, 2)}  # 12 - 5 kept, minus two tagged
     expected_beta = {tag for i, (tag, _) in enumerate(beta[:9]) if i not in (1, 4)}
@@ -121,7 +126,11 @@ def test_gc_keeps_the_newest_and_every_digest_another_tag_points_to(
     done = retention.gc(registry, targets.values(), dry_run=False)
     assert [d.to_json() for d in done] == [d.to_json() for d in dry]
     left = set(registry.tags(repo))
-    assert left == {t for t, _ in alpha + beta} - doomed | {"latest", "alpha-last-good", "0.34.0rc1", "beta"}
+    kept_index = referrers.fallback_tag(alpha[11][1])
+    assert left == {t for t, _ in alpha + beta} - doomed | {"latest", "alpha-last-good", "0.34.0rc1", "beta", kept_index}
+    # The deleted image's document went with it; the kept image's is still there.
+    assert registry.digest(repo, gone_doc.digest) is None
+    assert registry.digest(repo, kept_doc.digest) == kept_doc.digest
     for tag, digest in alpha + beta:
         assert registry.digest(repo, tag) == (None if tag in doomed else digest)
     # A second gc finds nothing more to delete.
