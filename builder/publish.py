@@ -115,14 +115,16 @@ def last_good_tag(target_id: str) -> str:
     return f"{target_id}-last-good"
 
 
-def point(registry: Registry, repository: str, tags: tuple[str, ...], digest: str) -> None:
-    """Point each of ``tags`` not there yet at ``digest``, from its manifest (nothing is pushed)."""
-    if not tags:
-        return
-    body, media_type = registry.manifest(repository, digest)
+def point(registry: Registry, repository: str, tags: tuple[str, ...], digest: str) -> dict[str, str | None]:
+    """Point each of ``tags`` not there yet at ``digest``, from its manifest (nothing is pushed);
+    return where each pointed before."""
     where = {tag: registry.digest(repository, tag) for tag in tags}
+    before = dict(where)
     behind = [tag for tag, at in where.items() if at != digest]
-    if behind and len(behind) < len(tags):
+    if not behind:  # a rerun or an up-to-date target: no manifest to fetch
+        return before
+    body, media_type = registry.manifest(repository, digest)
+    if len(behind) < len(tags):
         log.warning(f"{registry.host}/{repository}: readable tags point at different images: {_state(where)}")
     for tag in behind:
         log.info(f"  {repository}:{tag}: {_short(where[tag])} -> {_short(digest)}")
@@ -135,6 +137,7 @@ def point(registry: Registry, repository: str, tags: tuple[str, ...], digest: st
                 f"{exc}. Readable tags now: {_state(where)}; rerun to finish the move (the image is pushed: nothing is rebuilt)"
             ) from None
         where[tag] = digest
+    return before
 
 
 def _short(digest: str | None) -> str:

@@ -214,13 +214,8 @@ def rollback(registry: Registry, target: Target, tags: tuple[str, ...], to: str 
         raise ConfigError(f"{registry.host}/{target.repository}:{reference} does not exist; {hint}")
     if not tags:
         raise ConfigError(f"{target.where}: every readable tag of {target.id} has {{date}}; a rollback moves none")
-    before = {tag: registry.digest(target.repository, tag) for tag in tags}
     try:
-        publish.point(registry, target.repository, tags, digest)
+        before = publish.point(registry, target.repository, tags, digest)  # it logs each tag it moves
     except PublishError as exc:
         raise PublishError(f"{exc}; rollback of {target.id} to {digest} did not finish: rerun it") from None
-    moves = [Move(tag=tag, before=before[tag], after=digest) for tag in tags]
-    for m in moves:
-        state = "already there" if m.before == m.after else f"{(m.before or '(none)')[:19]} -> {m.after[:19]}"
-        log.info(f"  {target.repository}:{m.tag}: {state}")
-    return moves
+    return [Move(tag=tag, before=before[tag], after=digest) for tag in tags]
