@@ -1,4 +1,5 @@
-"""What is attached to a published image: its SBOM, its provenance and its verify result.
+"""What is attached to a published image: its SBOM, its provenance, its verify result and the
+wheels its build made (``builder.wheels``).
 
 Publish attaches them after the push and its digest check, before any readable tag moves: an image
 a readable tag points at has them. Each kind is attached once: a rerun, or a nightly that finds
@@ -14,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from builder import lock, log, provenance, referrers, sbom
+from builder import lock, log, provenance, referrers, sbom, wheels
 from builder.errors import EngineError, PublishError
 from builder.plan import TargetPlan
 from builder.registry import Registry
@@ -64,9 +65,11 @@ def attach(engine: Callable[[], Engine], registry: Registry, p: TargetPlan, dige
             )
             referrers.attach(registry, p.repository, digest, attached)
             made.append(kind)
+        if wheels.KIND not in have and wheels.publish(engine, registry, p, digest):
+            made.append(wheels.KIND)
     except (PublishError, EngineError) as exc:
         raise PublishError(
-            f"{p.id}: attaching the SBOM, provenance and verify result to {registry.host}/{p.repository}@{digest} "
+            f"{p.id}: attaching the SBOM, provenance, verify result and wheels to {registry.host}/{p.repository}@{digest} "
             f"failed: {exc}. No readable tag moved; rerun to attach what is missing (nothing is rebuilt)"
         ) from None
     if not made:

@@ -416,6 +416,24 @@ def inspect_cmd(image: str, registry: str | None, as_json: bool) -> None:
     click.echo(inspection.text(report))
 
 
+@cli.command("wheels")
+@click.argument("image")
+@click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Folder to fetch into.")
+@click.option("--registry", help="host:port for an IMAGE named without one (default: SPARKBUILD_REGISTRY).")
+@click.option("--json", "as_json", is_flag=True, help="Print the files, their hashes and the build marker as JSON.")
+def wheels_cmd(image: str, out: Path, registry: str | None, as_json: bool) -> None:
+    """Fetch the wheels published with IMAGE (vLLM, FlashInfer, Triton when built) into OUT, checked by sha256."""
+    from builder import inspection, wheels
+    from builder.registry import Registry
+
+    host, repository, reference = inspection.parse_image(image, registry)
+    fetched = wheels.fetch(Registry.parse(host), repository, reference, out)
+    if as_json:
+        emit_json(fetched.to_json())
+        return
+    click.echo(wheels.text(fetched))
+
+
 @cli.command("gc")
 @selection
 @click.option("--registry", help="host:port of the registry (default: SPARKBUILD_REGISTRY, else an embedded one).")

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal, overload
 
 import docker
 import docker.auth
@@ -310,11 +310,21 @@ class Engine:
         finally:
             container.remove(force=True)
 
-    def copy_out(self, image: str, path: str, dest: Path) -> Path:
-        """Copy ``path`` out of ``image`` into ``dest`` (a created, never started container)."""
+    @overload
+    def copy_out(self, image: str, path: str, dest: Path) -> Path: ...
+    @overload
+    def copy_out(self, image: str, path: str, dest: Path, *, missing_ok: Literal[True]) -> Path | None: ...
+    def copy_out(self, image: str, path: str, dest: Path, *, missing_ok: bool = False) -> Path | None:
+        """Copy ``path`` out of ``image`` into ``dest`` (a created, never started container); where
+        ``image`` has no ``path``: None with ``missing_ok``, else an EngineError."""
         log.info(f"+ docker create {image}; docker cp CONTAINER:{path} {dest}  (SDK)")
         with self._created(image) as container, tempfile.TemporaryFile() as buffer:
-            _archive(container, image, path, buffer)
+            try:
+                _archive(container, image, path, buffer)
+            except EngineError:
+                if missing_ok:
+                    return None
+                raise
             dest.mkdir(parents=True, exist_ok=True)
             with tarfile.open(fileobj=buffer) as tar:
                 tar.extractall(dest, filter="data")

@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from builder import attest, provenance, referrers, sbom
+from builder import attest, provenance, referrers, sbom, wheels
 from builder.errors import ConfigError, PublishError
 from builder.registry import Registry, check_address
 
@@ -36,14 +36,11 @@ def parse_image(image: str, registry: str | None) -> tuple[str, str, str]:
 def inspect(registry: Registry, repository: str, reference: str) -> dict[str, Any]:
     """Everything attached to the image, as JSON: the attached list and each document read back
     (the newest of each kind)."""
-    digest = reference if reference.startswith("sha256:") else registry.digest(repository, reference)
-    if digest is None:
-        raise PublishError(
-            f"{registry.host}/{repository} has no tag '{reference}'; check the name (sparkbuild plan lists the tags)"
-        )
+    digest = referrers.subject_digest(registry, repository, reference)
     attached = referrers.listed(registry, repository, digest)
     newest = {a.kind: a for a in sorted(attached, key=lambda a: a.annotations.get(referrers.CREATED, ""))}
-    documents = {kind: _document(registry, repository, a) for kind, a in newest.items() if kind in attest.KINDS}
+    # The wheels' first layer is their index (wheels.json): read like a document, the wheels themselves are not.
+    documents = {kind: _document(registry, repository, a) for kind, a in newest.items() if kind in (*attest.KINDS, wheels.KIND)}
     document = documents.get("sbom")
     return {
         "image": f"{registry.host}/{repository}@{digest}",
@@ -52,6 +49,7 @@ def inspect(registry: Registry, repository: str, reference: str) -> dict[str, An
         "sbom": None if document is None else {"summary": sbom.summary(document), "document": document},
         "provenance": documents.get("provenance"),
         "verify": documents.get("verify"),
+        "wheels": documents.get(wheels.KIND),
     }
 
 
@@ -74,6 +72,7 @@ def text(report: Mapping[str, Any]) -> str:
         )
     lines.append("  attached: " + ", ".join(f"{a['kind']} {a['digest'][:19]}" for a in report["attached"]))
     lines += _sbom_lines(report["sbom"]) + _provenance_lines(report["provenance"]) + _verify_lines(report["verify"])
+    lines += _wheels_lines(report.get("wheels"))
     return "\n".join(lines)
 
 
@@ -121,4 +120,15 @@ def _verify_lines(result: Mapping[str, Any] | None) -> list[str]:
         f"total {b['total_tokens_per_s']:.0f} tok/s ({b['requests']} requests)"
         for b in result.get("bench") or ()
     ]
+    return lines
+
+
+def _wheels_lines(index: Mapping[str, Any] | None) -> list[str]:
+    if index is None:
+        return ["  wheels: none attached (a local target builds none)"]
+    built = index.get("built_for") or {}
+    found = [f for f in index.get("files") or () if f.get("name")]
+    marker = f"{built.get('gpu')} (arch list {built.get('arch_list')})"
+    lines = [f"  wheels: {len(found)}, built for {marker}; `sparkbuild wheels` fetches them"]
+    lines += [f"    {f['file']}  {f['sha256'][:19]}  ({f['stage']} stage)" for f in found]
     return lines

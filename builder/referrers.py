@@ -69,21 +69,53 @@ class Document:
     annotations: dict[str, str]
 
 
+@dataclass(frozen=True, kw_only=True)
+class Layer:
+    """A blob already in the repository, as one file of an artifact (``oras pull`` saves it as ``filename``)."""
+
+    digest: str
+    size: int
+    media_type: str
+    filename: str
+
+    def descriptor(self) -> dict[str, Any]:
+        return {"mediaType": self.media_type, "digest": self.digest, "size": self.size, "annotations": {TITLE: self.filename}}
+
+
 def attach(registry: Registry, repository: str, subject: str, document: Document) -> Attached:
     """Push ``document`` as an artifact whose subject is the manifest ``subject`` (in ``repository``),
     and index it in the fallback tag where the registry does not index it itself."""
-    payload, artifact_type, annotations = document.payload, document.artifact_type, document.annotations
+    payload = document.payload
+    layer = Layer(
+        digest=registry.upload_blob(repository, payload),
+        size=len(payload),
+        media_type=document.artifact_type,
+        filename=document.filename,
+    )
+    return attach_layers(
+        registry, repository, subject, artifact_type=document.artifact_type, layers=(layer,), annotations=document.annotations
+    )
+
+
+def attach_layers(
+    registry: Registry,
+    repository: str,
+    subject: str,
+    *,
+    artifact_type: str,
+    layers: tuple[Layer, ...],
+    annotations: dict[str, str],
+) -> Attached:
+    """An artifact of several files (uploaded already) whose subject is ``subject``: one manifest,
+    one layer per file, indexed like ``attach``."""
     subject_body, subject_type = registry.manifest(repository, subject)
-    layer = registry.upload_blob(repository, payload)
     config = registry.upload_blob(repository, EMPTY)
     manifest = {
         "schemaVersion": 2,
         "mediaType": OCI_MANIFEST,
         "artifactType": artifact_type,
         "config": {"mediaType": EMPTY_CONFIG, "digest": config, "size": len(EMPTY), "data": "e30="},
-        "layers": [
-            {"mediaType": artifact_type, "digest": layer, "size": len(payload), "annotations": {TITLE: document.filename}}
-        ],
+        "layers": [layer.descriptor() for layer in layers],
         "subject": {"mediaType": subject_type, "digest": subject, "size": len(subject_body)},
         "annotations": annotations,
     }
@@ -123,6 +155,16 @@ def _fallback_index(registry: Registry, repository: str, subject: str) -> dict[s
     return index
 
 
+def subject_digest(registry: Registry, repository: str, reference: str) -> str:
+    """The digest of the image named by a tag or a digest, for reading what is attached to it."""
+    digest = reference if reference.startswith("sha256:") else registry.digest(repository, reference)
+    if digest is None:
+        raise PublishError(
+            f"{registry.host}/{repository} has no tag '{reference}'; check the name (sparkbuild plan lists the tags)"
+        )
+    return digest
+
+
 def listed(registry: Registry, repository: str, subject: str) -> list[Attached]:
     """What is attached to ``subject``: from the referrers API, else the fallback tag."""
     found = registry.referrers(repository, subject)
@@ -142,8 +184,21 @@ def listed(registry: Registry, repository: str, subject: str) -> list[Attached]:
 
 def read(registry: Registry, repository: str, attached: Attached) -> bytes:
     """The document an artifact carries (its first layer), checked against its digest."""
+    return registry.blob(repository, layers_of(registry, repository, attached)[0].digest)
+
+
+def layers_of(registry: Registry, repository: str, attached: Attached) -> list[Layer]:
+    """The files an attached artifact carries, from its manifest (read by digest, so checked)."""
     body, _ = registry.manifest(repository, attached.digest)
-    layers = json.loads(body).get("layers") or []
-    if not layers:
+    found = json.loads(body).get("layers") or []
+    if not found:
         raise PublishError(f"{registry.host}/{repository}@{attached.digest}: an attached artifact with no layer")
-    return registry.blob(repository, str(layers[0]["digest"]))
+    return [
+        Layer(
+            digest=str(layer["digest"]),
+            size=int(layer.get("size", 0)),
+            media_type=str(layer.get("mediaType", "")),
+            filename=str((layer.get("annotations") or {}).get(TITLE, "")),
+        )
+        for layer in found
+    ]

@@ -108,6 +108,20 @@ def _authority(url: str) -> tuple[str, str, int]:
     return parts.scheme, (parts.hostname or "").lower(), port
 
 
+def file_digest(path: Path) -> tuple[str, int]:
+    """``sha256:<hex>`` of a file, read in chunks, and its size."""
+    with path.open("rb") as f:
+        digest = hashlib.file_digest(f, "sha256")
+    return "sha256:" + digest.hexdigest(), path.stat().st_size
+
+
+def _rewind(data: object) -> None:
+    """A file body is sent from its start on every try (a retry, or the repeat after a token)."""
+    seek = getattr(data, "seek", None)
+    if callable(seek):
+        seek(0)
+
+
 class _Transient(Exception):
     """An answer worth another try (408, 429, 5xx); carries what Retry-After asked for."""
 
@@ -236,10 +250,12 @@ class Registry:
         ghcr.io) is answered with a token from that realm and the request repeated once."""
         headers = {"User-Agent": USER_AGENT, **headers}
         timeout = self.limits.timeout_s
+        _rewind(kwargs.get("data"))
         response = requests.request(method, url, auth=self._auth, headers=headers, timeout=timeout, **kwargs)
         challenge = response.headers.get("WWW-Authenticate", "")
         if response.status_code == 401 and challenge.lower().startswith("bearer "):
             bearer = {**headers, "Authorization": f"Bearer {self._bearer_token(challenge)}"}
+            _rewind(kwargs.get("data"))
             response = requests.request(method, url, headers=bearer, timeout=timeout, **kwargs)
         return response
 
@@ -353,6 +369,49 @@ class Registry:
         if done.status_code != 201:
             raise self._refused(done, what)
         return digest
+
+    def upload_file(self, repository: str, path: Path) -> tuple[str, int]:
+        """Put a file as a blob, streamed from disk (a wheel may be a gigabyte), unless the registry
+        has it; its digest and size. A retried PUT sends the file again from its start."""
+        digest, size = file_digest(path)
+        what = f"upload {path.name} to {repository}@{digest}"
+        if self._request("HEAD", f"{self.base_url}/{repository}/blobs/{digest}", what).status_code == 200:
+            return digest, size
+        start = self._request("POST", f"{self.base_url}/{repository}/blobs/uploads/", what)
+        if start.status_code != 202 or "Location" not in start.headers:
+            raise self._refused(start, what)
+        location = urljoin(self.base_url, start.headers["Location"])
+        headers = {"Content-Type": "application/octet-stream", "Content-Length": str(size)}
+        with path.open("rb") as body:
+            done = self._request("PUT", location, what, params={"digest": digest}, data=body, headers=headers)
+        if done.status_code != 201:
+            raise self._refused(done, what)
+        return digest, size
+
+    def download_blob(self, repository: str, digest: str, dest: Path) -> int:
+        """Stream a blob into ``dest`` (through a temporary file beside it, renamed only once its
+        content matches ``digest``); its size."""
+        what = f"GET blob {repository}@{digest}"
+        response = self._request("GET", f"{self.base_url}/{repository}/blobs/{digest}", what, stream=True)
+        if response.status_code != 200:
+            raise self._refused(response, what)
+        partial = dest.with_name(f".{dest.name}.partial")
+        hasher, size = hashlib.sha256(), 0
+        try:
+            with response, partial.open("wb") as out:
+                for chunk in response.iter_content(chunk_size=1 << 20):
+                    hasher.update(chunk)
+                    out.write(chunk)
+                    size += len(chunk)
+        except requests.RequestException as exc:
+            partial.unlink(missing_ok=True)
+            broke = f"{what} broke off after {size} bytes ({type(exc).__name__})"
+            raise PublishError(f"registry {self.host}: {broke}; nothing written, rerun") from None
+        if "sha256:" + hasher.hexdigest() != digest:
+            partial.unlink()
+            raise PublishError(f"registry {self.host} served blob {repository}@{digest} with other content; nothing written")
+        partial.replace(dest)
+        return size
 
     def referrers(self, repository: str, digest: str) -> list[dict[str, Any]] | None:
         """The manifests whose subject is ``digest``, from the referrers API (OCI distribution 1.1);

@@ -11,6 +11,7 @@ tests/unit/test_attest.py). The verify result is a recorded one: no server is st
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,8 +77,7 @@ def test_publish_attaches_sbom_provenance_and_verify_that_match_the_image(
     engine: Engine, image: str, registry: Registry, spark_plan: plan.TargetPlan, tmp_path: Path
 ) -> None:
     recorded_verify(tmp_path / "verify.json")
-    files = provenance.Files(matrix=ROOT / "matrix.yaml", lock=tmp_path / "matrix.lock.json")
-    evidence = attest.Evidence(files=files, verify=tmp_path / "verify.json", local=image)
+    evidence = evidence_in(tmp_path, image)
     done = publish.push(engine, registry, spark_plan, image, evidence=evidence)
     repo = spark_plan.repository
 
@@ -103,6 +103,12 @@ def test_publish_attaches_sbom_provenance_and_verify_that_match_the_image(
     # Again: the image is the same, everything is attached; nothing new goes up.
     assert publish.push(engine, registry, spark_plan, image, evidence=evidence).digest == done.digest
     assert len(referrers.listed(registry, repo, done.digest)) == 3
+
+
+def evidence_in(tmp_path: Path, image: str) -> attest.Evidence:
+    """The shipped matrix, the test's lock, the verify result (where the test wrote one) in ``tmp_path``."""
+    files = provenance.Files(matrix=ROOT / "matrix.yaml", lock=tmp_path / "matrix.lock.json")
+    return attest.Evidence(files=files, verify=tmp_path / "verify.json", local=image)
 
 
 def check_sbom(engine: Engine, image: str, document: dict[str, Any], p: plan.TargetPlan) -> None:
@@ -179,8 +185,100 @@ def test_a_failed_attach_fails_the_publish_and_moves_no_readable_tag(
     digest = publish.push_image(engine, registry, f"{registry.host}/{repo}", spark_plan.content_tag)
     # Something else under the image's referrers tag: not an index sparkbuild can add to.
     registry.put_tag(repo, referrers.fallback_tag(digest), *registry.manifest(repo, digest))
-    files = provenance.Files(matrix=ROOT / "matrix.yaml", lock=tmp_path / "matrix.lock.json")
-    evidence = attest.Evidence(files=files, verify=tmp_path / "verify.json", local=image)
+    evidence = evidence_in(tmp_path, image)
     with pytest.raises(PublishError, match=r"attaching the SBOM.*is not an image index.*No readable tag moved"):
         publish.push(engine, registry, spark_plan, image, evidence=evidence)
     assert all(registry.digest(repo, tag) is None for tag in spark_plan.tags)
+
+
+STAGE_DOCKERFILE = """\
+FROM {base}
+RUN mkdir /wheels && cp /usr/share/python-wheels/{wheel}-*.whl /wheels/ && echo {build_env} > /wheels/{stage}-build-env.txt
+"""
+# Debian's own wheels stand in for the ones the stages build (real wheels, small; the rehearsal test
+# publishes the real vLLM and FlashInfer wheels the Spark build made).
+STAND_INS = {"flashinfer": "setuptools", "vllm": "pip"}
+
+
+@pytest.fixture
+def stages(engine: Engine, spark_plan: plan.TargetPlan) -> Iterator[dict[str, str]]:
+    """The plan's stage images that make wheels (made here by ``build_stages``), removed after the test."""
+    refs = {s.name: s.ref for s in spark_plan.stages if not s.final}
+    assert sorted(refs) == sorted(STAND_INS)
+    yield refs
+    for ref in refs.values():
+        with contextlib.suppress(docker.errors.NotFound):
+            engine.client.images.remove(ref, force=True)
+
+
+def build_stages(engine: Engine, base: str, refs: dict[str, str], folder: Path, arch_list: str) -> None:
+    for stage, ref in refs.items():
+        context = folder / stage
+        context.mkdir(parents=True)
+        build_env = f'"MAX_JOBS=2 TORCH_CUDA_ARCH_LIST={arch_list}"' if stage == "vllm" else "JOBS=2"
+        dockerfile = STAGE_DOCKERFILE.format(base=base, wheel=STAND_INS[stage], build_env=build_env, stage=stage)
+        (context / "Dockerfile").write_text(dockerfile)
+        log = context / "build.log"
+        engine.build(context=context, tag=ref, platform="linux/amd64", labels={}, build_args={}, secrets={}, log_file=log)
+
+
+def test_publish_attaches_the_wheels_its_stages_made_and_sparkbuild_wheels_fetches_them(
+    engine: Engine,
+    image: str,
+    base: str,
+    registry: Registry,
+    spark_plan: plan.TargetPlan,
+    stages: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    build_stages(engine, base, stages, tmp_path / "stages", arch_list=spark_plan.target.arch_list)
+    evidence = evidence_in(tmp_path, image)
+    done = publish.push(engine, registry, spark_plan, image, evidence=evidence)
+    repo = spark_plan.repository
+    attached = {a.kind: a for a in referrers.listed(registry, repo, done.digest)}
+    assert sorted(attached) == ["provenance", "sbom", "wheels"]
+    layers = {layer.filename: layer for layer in referrers.layers_of(registry, repo, attached["wheels"])}
+    found = sorted(name for name in layers if name.endswith(".whl"))
+    assert [name.split("-")[0] for name in found] == ["pip", "setuptools"]
+    assert sorted(layers) == sorted(["wheels.json", *found, "flashinfer-build-env.txt", "vllm-build-env.txt"])
+    assert {layers[name].media_type for name in found} == {"application/vnd.sparkbuild.python-wheel.v1+zip"}
+    wheel = found[0]
+
+    out = tmp_path / "fetched"
+    fetched = sparkbuild("wheels", f"{registry.host}/{repo}:{spark_plan.content_tag}", "--out", str(out), "--json")
+    assert fetched.code == 0, fetched.err
+    report = json.loads(fetched.out)
+    assert report["image"] == f"{registry.host}/{repo}@{done.digest}"
+    assert (
+        report["index"]["built_for"]["arch_list"] == "12.1a"
+        and report["index"]["vllm_build_env"]["TORCH_CUDA_ARCH_LIST"] == "12.1a"
+    )
+    # Byte for byte the stage's wheel, and listed in SHA256SUMS as `sha256sum -c` reads it.
+    original = engine.read_files(stages["vllm"], [f"/wheels/{wheel}"])[f"/wheels/{wheel}"]
+    assert (out / wheel).read_bytes() == original
+    sums = (out / "SHA256SUMS").read_text().splitlines()
+    assert f"{hashlib.sha256(original or b'').hexdigest()}  {wheel}" in sums
+    # Fetched again: everything is there already, nothing is downloaded.
+    again = sparkbuild("wheels", report["image"], "--out", str(out), "--json")
+    assert again.code == 0 and json.loads(again.out)["downloaded"] == []
+    shown = sparkbuild("inspect", report["image"])
+    assert "wheels: 2, built for" in shown.out and "(arch list 12.1a)" in shown.out and wheel in shown.out
+
+
+def test_a_vllm_stage_compiled_for_another_arch_list_fails_the_publish_before_any_readable_tag(
+    engine: Engine, image: str, base: str, registry: Registry, spark_plan: plan.TargetPlan, stages: dict[str, str], tmp_path: Path
+) -> None:
+    build_stages(engine, base, stages, tmp_path / "stages", arch_list="12.0")
+    evidence = evidence_in(tmp_path, image)
+    with pytest.raises(PublishError, match=r"compiled with TORCH_CUDA_ARCH_LIST=12.0, but the target's arch list is 12.1a"):
+        publish.push(engine, registry, spark_plan, image, evidence=evidence)
+    assert all(registry.digest(spark_plan.repository, tag) is None for tag in spark_plan.tags)
+
+
+def test_sparkbuild_wheels_says_why_an_image_has_none(
+    engine: Engine, image: str, registry: Registry, spark_plan: plan.TargetPlan
+) -> None:
+    done = publish.push(engine, registry, spark_plan, image)
+    fetched = sparkbuild("wheels", f"{registry.host}/{spark_plan.repository}@{done.digest}", "--out", "unused")
+    assert fetched.code == 7
+    assert "no wheels are attached to" in fetched.err and "a local target installs vLLM's wheel from PyPI" in fetched.err

@@ -22,11 +22,16 @@ from typing import Any
 
 import pytest
 import yaml
+from packaging.utils import parse_wheel_filename
 
-from builder import externals, plan, sources
+from builder import externals, matrix, plan, publish, sources, wheels
+from builder.engine import Engine
 from builder.options import Options
+from builder.registry import Registry
+from builder.rehearse import rehearsal_target
 from tests.conftest import ROOT, run_sparkbuild
 from tests.procs import pids_where
+from tests.unit.cli_runner import sparkbuild
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 TARGET = "vllm-0.33.0-cu130-sm121"
@@ -101,6 +106,58 @@ def test_the_runtime_image_checks_pass(rehearsed: dict[str, Any]) -> None:
     assert checks["companions"]["torchvision"].startswith("0.29.0")  # vLLM 0.33.0's own pin
     assert checks["multi_node"]["libibverbs.so.1"] == "loads" and checks["multi_node"]["ray"]
     assert checks["multi_node"]["nccl_h"].endswith("/nvidia/nccl/include")  # vLLM's NCCL allocator compiles against it
+
+
+def test_the_wheels_the_build_made_are_published_and_a_fresh_venv_installs_them(
+    rehearsed: dict[str, Any], engine: Engine, base: str, registry: Registry, tmp_path: Path
+) -> None:
+    """What publish attaches: the vLLM wheel (Python-only in a rehearsal: its kernels are not
+    compiled) and FlashInfer's real wheel, from the rehearsed stage images, with the arch list the
+    vLLM compile recorded; fetched with `sparkbuild wheels` and installed by pip in a fresh venv.
+    The subject is the small test base pushed to the registry, standing in for the runtime image
+    (several GB) that publish would push: what is attached and fetched is the same."""
+    m = matrix.load(ROOT / "matrix.yaml")
+    target = rehearsal_target(next(t for t in m.targets if t.id == TARGET), m)
+    stages = [(s["stage"], s["ref"]) for s in rehearsed["stages"] if s["stage"] != "runtime"]
+    collected = wheels.collect(engine, stages, tmp_path / "collected", wheels.BuiltFor.of(target))
+    names = {str(parse_wheel_filename(f.name)[0]): f for f in collected.wheels}
+    assert sorted(names) == ["flashinfer-python", "vllm"]
+    assert names["vllm"].stage == "vllm" and names["flashinfer-python"].stage == "flashinfer"
+    assert collected.build_env["TORCH_CUDA_ARCH_LIST"] == target.arch_list == "12.1a"
+
+    repository = "sparkbuild-test/wheels"
+    engine.tag(base, f"{registry.host}/{repository}", "subject")
+    try:
+        digest = publish.push_image(engine, registry, f"{registry.host}/{repository}", "subject")
+    finally:
+        engine.client.images.remove(f"{registry.host}/{repository}:subject")
+    wheels.attach(registry, repository, digest, collected)
+    out = tmp_path / "fetched"
+    fetched = sparkbuild("wheels", f"{registry.host}/{repository}@{digest}", "--out", str(out), "--json")
+    assert fetched.code == 0, fetched.err
+    report = json.loads(fetched.out)
+    assert {f["file"]: f["sha256"] for f in report["files"] if f["file"].endswith(".whl")} == {
+        f.name: f.sha256 for f in collected.wheels
+    }
+    assert report["index"]["built_for"]["gpu"] == target.gpu and report["install"][-2:] == ["flashinfer-python", "vllm"]
+
+    # A fresh venv: pip takes both wheels from the folder alone (their dependencies, torch and
+    # CUDA's 2.6 GB among them, are what the runtime stage installs; not fetched again here).
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-index", "--no-deps", "--find-links", str(out)]
+    subprocess.run([*pip, "vllm", "flashinfer-python"], check=True)
+    versions = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import importlib.metadata as m; print(m.version('vllm'), m.version('flashinfer-python'))",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert versions[0].startswith("0.33.0") and versions[1] == "0.7.2.post1"
 
 
 def test_the_compile_gets_the_plans_build_jobs(rehearsed: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
