@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from packaging.version import InvalidVersion, Version
 
-from builder import lock, oci, packaged, patch, validate, yamlsrc
+from builder import kernelpath, lock, oci, packaged, patch, validate, yamlsrc
 from builder.errors import ConfigError
 from builder.externals import External
 from builder.model import RECIPES
@@ -124,6 +124,13 @@ class Check:
     concurrency: tuple[int, ...]
     bench_max_tokens: int
     startup_timeout: int
+    # The kernel path the check expects: per kind (attention, moe, ...), the backends accepted,
+    # as kernel-paths.yaml names them. verify's gate reads the server log for them.
+    kernels: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    @property
+    def expected_kernels(self) -> dict[str, tuple[str, ...]]:
+        return dict(self.kernels)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -787,7 +794,7 @@ def target_id(vllm_version: str, cuda: str | None, arch_list: str, platform: str
 
 # --- checks and bases ------------------------------------------------------------------------
 
-CHECK_KEYS = ("model", "serve_args", "prompts", "concurrency", "bench_max_tokens", "startup_timeout")
+CHECK_KEYS = ("model", "serve_args", "prompts", "concurrency", "bench_max_tokens", "startup_timeout", "kernels")
 PROMPT_KEYS = ("name", "api", "prompt", "expect", "max_tokens")
 
 
@@ -816,10 +823,26 @@ def _checks(doc: Located, defaults_doc: Located, value: Any) -> dict[str, Check]
             concurrency=get("concurrency", validate.list_of(validate.positive_int)),
             bench_max_tokens=get("bench_max_tokens", validate.positive_int),
             startup_timeout=get("startup_timeout", validate.positive_int),
+            kernels=_kernels(doc, (*path, "kernels"), spec.get("kernels")),
         )
         if not result[name].prompts:
             raise doc.fail((*path, "prompts"), "a check needs at least one prompt with its expected answer")
     return result
+
+
+def _kernels(doc: Located, path: DocPath, value: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``kernels: {moe: [FLASHINFER_CUTLASS, CUTLASS], attention: FLASHINFER}``: per kind, one backend or a list."""
+    if value is None:
+        return ()
+    known = tuple(sorted(kernelpath.kinds()))
+    spec = validate.mapping(doc, path, value, known)
+    result = []
+    for kind, backends in spec.items():
+        names = [backends] if isinstance(backends, str) else backends
+        result.append((kind, tuple(validate.list_of(validate.line)(doc, (*path, kind), names))))
+        if not result[-1][1]:
+            raise doc.fail((*path, kind), f"name at least one backend that '{kind}' may use")
+    return tuple(result)
 
 
 def _prompt(doc: Located, path: DocPath, value: dict[str, Any]) -> Prompt:
