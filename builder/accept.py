@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder import __version__, build, log, model, plan, verify
+from builder import __version__, build, checkmodel, log, plan, verify
 from builder.engine import Engine
 from builder.errors import ConfigError, FatalError
 from builder.options import Options
@@ -148,7 +148,7 @@ def _build(engine: Engine, p: plan.TargetPlan, opts: Options, result: Acceptance
 
 def _verify(engine: Engine, p: plan.TargetPlan, opts: Options, result: Acceptance) -> str:
     check = p.target.check
-    folder = model.ensure(opts.cache, check.model)
+    folder = checkmodel.provide(opts.cache, check)
     found = verify.verify(
         engine, result.facts["image"], check, folder, opts.out / p.id / "verify.json", gpus=p.target.profile == "spark"
     )

@@ -346,7 +346,7 @@ def verify_cmd(
     if log_file is not None and url is None:
         raise ConfigError("verify: --log goes with --url (sparkbuild reads the log of a server it starts itself)")
     opts = make_options(matrix=matrix)
-    checks = {t.check.name: t.check for t in matrix_mod.load(opts.matrix).targets}
+    checks = matrix_mod.load(opts.matrix).checks
     if check_name is not None and check_name not in checks:
         raise ConfigError(f"{opts.matrix}: no check '{check_name}'; known: {', '.join(checks)}")
     if url is not None:
@@ -373,8 +373,8 @@ def _verify_image(
     image: str, checks: dict[str, Any], check_name: str | None, model_dir: Path | None, result: Path | None, opts: Options
 ) -> tuple[Callable[[], VerifyResult], Path]:
     """How to verify IMAGE: its target's check (from its label) unless one is named, on the GPU for a Spark image."""
+    from builder import checkmodel, verify
     from builder import matrix as matrix_mod
-    from builder import verify
     from builder.engine import Engine
 
     engine = Engine()
@@ -387,7 +387,7 @@ def _verify_image(
         check = by_target[target_id]
     else:
         raise ConfigError(f"{image} names no target of {opts.matrix} (label io.sparkbuild.target={target_id}); pass --check NAME")
-    folder = model_dir or model.ensure(opts.cache, check.model)
+    folder = model_dir or checkmodel.provide(opts.cache, check)
     out = result or opts.out / (target_id or "image") / "verify.json"
     # A Spark image (it names the GPU it is for) serves on the GPU; a CPU image does not.
     gpus = "io.sparkbuild.gpu" in labels and labels.get("io.sparkbuild.cuda") != "none"

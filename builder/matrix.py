@@ -109,8 +109,19 @@ class Prompt:
     name: str
     api: Literal["completions", "chat"]
     prompt: str
+    # What the answer must be (exact, after trimming), contain, or match (a regular expression
+    # searched for): a real model's answer is robust as "contains Paris", not as one exact text.
     expect: str
     max_tokens: int
+    match: Literal["exact", "contains", "regex"] = "exact"
+
+
+@dataclass(frozen=True, kw_only=True)
+class HubModel:
+    """A real model from the Hugging Face Hub, at a revision (a commit, or a branch or tag)."""
+
+    id: str
+    revision: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,6 +129,7 @@ class Check:
     """An inference check: a model sparkbuild makes, known-answer prompts and a benchmark."""
 
     name: str
+    # A recipe sparkbuild makes (``alphabet``), or, with ``hub`` or ``path``, the hub id or folder.
     model: str
     serve_args: tuple[str, ...]
     prompts: tuple[Prompt, ...]
@@ -127,6 +139,9 @@ class Check:
     # The kernel path the check expects: per kind (attention, moe, ...), the backends accepted,
     # as kernel-paths.yaml names them. verify's gate reads the server log for them.
     kernels: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # A real model instead of a recipe: from the hub (downloaded on the runner), or a local folder.
+    hub: HubModel | None = None
+    path: Path | None = None
 
     @property
     def expected_kernels(self) -> dict[str, tuple[str, ...]]:
@@ -247,6 +262,8 @@ class Matrix:
     rehearsal: Rehearsal = Rehearsal(platform=None, bases={})
     # URL prefix -> replacement, for the sources vLLM's CMake files name (a firewalled team's mirror).
     mirrors: dict[str, str] = field(default_factory=dict)
+    # Every check by name, a target's or not (`sparkbuild verify --check NAME` runs any of them).
+    checks: dict[str, Check] = field(default_factory=dict)
 
     def mirrored(self, url: str) -> str:
         """``url`` through the longest ``mirrors:`` prefix it starts with."""
@@ -527,6 +544,7 @@ def load(file: Path, pins: lock.Lock | None = None) -> Matrix:
     for name in sorted({name for t in targets for name in t.patches}):
         patch.load_one(patch_folders[name])
     return Matrix(
+        checks=checks,
         file=file,
         patch_folders=patch_folders,
         targets=tuple(targets),
@@ -795,7 +813,8 @@ def target_id(vllm_version: str, cuda: str | None, arch_list: str, platform: str
 # --- checks and bases ------------------------------------------------------------------------
 
 CHECK_KEYS = ("model", "serve_args", "prompts", "concurrency", "bench_max_tokens", "startup_timeout", "kernels")
-PROMPT_KEYS = ("name", "api", "prompt", "expect", "max_tokens")
+PROMPT_KEYS = ("name", "api", "prompt", "expect", "contains", "regex", "max_tokens")
+EXPECT_KEYS: dict[str, Literal["exact", "contains", "regex"]] = {"expect": "exact", "contains": "contains", "regex": "regex"}
 
 
 def _checks(doc: Located, defaults_doc: Located, value: Any) -> dict[str, Check]:
@@ -814,7 +833,7 @@ def _checks(doc: Located, defaults_doc: Located, value: Any) -> dict[str, Check]
         prompts = validate.list_of_maps(doc, (*path, "prompts"), validate.require(doc, path, spec, "prompts"))
         result[name] = Check(
             name=name,
-            model=validate.choice(tuple(RECIPES))(doc, (*path, "model"), validate.require(doc, path, spec, "model")),
+            **_model(doc, (*path, "model"), validate.require(doc, path, spec, "model")),
             serve_args=get("serve_args", validate.list_of(validate.line)),
             prompts=tuple(
                 _prompt(doc, (*path, "prompts", i), p)
@@ -828,6 +847,28 @@ def _checks(doc: Located, defaults_doc: Located, value: Any) -> dict[str, Check]
         if not result[name].prompts:
             raise doc.fail((*path, "prompts"), "a check needs at least one prompt with its expected answer")
     return result
+
+
+MODEL_KEYS = ("hub", "revision", "path")
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def _model(doc: Located, path: DocPath, value: Any) -> dict[str, Any]:
+    """``model: alphabet`` (a recipe), ``model: {hub: ORG/NAME, revision: REV}`` or ``model: {path: DIR}``."""
+    if isinstance(value, str):
+        return {"model": validate.choice(tuple(RECIPES))(doc, path, value)}
+    spec = validate.mapping(doc, path, value, MODEL_KEYS)
+    if ("hub" in spec) == ("path" in spec):
+        raise doc.fail(path, "give a recipe name (alphabet), {hub: ORG/NAME, revision: REV} or {path: DIR}")
+    if "path" in spec:
+        folder = Path(validate.line(doc, (*path, "path"), spec["path"])).expanduser()
+        folder = folder if folder.is_absolute() else doc.file.parent / folder
+        return {"model": str(folder), "path": folder}
+    hub_id = validate.line(doc, (*path, "hub"), spec["hub"])
+    if not _HUB_ID.fullmatch(hub_id):
+        raise doc.fail((*path, "hub"), f"'{hub_id}' is not a Hugging Face model id (ORG/NAME, e.g. openai/gpt-oss-120b)")
+    revision = validate.line(doc, (*path, "revision"), validate.require(doc, path, spec, "revision"))
+    return {"model": hub_id, "hub": HubModel(id=hub_id, revision=revision)}
 
 
 def _kernels(doc: Located, path: DocPath, value: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -847,14 +888,24 @@ def _kernels(doc: Located, path: DocPath, value: Any) -> tuple[tuple[str, tuple[
 
 def _prompt(doc: Located, path: DocPath, value: dict[str, Any]) -> Prompt:
     spec = validate.mapping(doc, path, value, PROMPT_KEYS)
-    for key in ("name", "api", "prompt", "expect", "max_tokens"):
+    for key in ("name", "api", "prompt", "max_tokens"):
         validate.require(doc, path, spec, key)
+    given = [key for key in EXPECT_KEYS if key in spec]
+    if len(given) != 1:
+        raise doc.fail(path, "give one of 'expect' (the exact answer), 'contains' (a text in it) or 'regex' (searched for)")
+    expected = validate.text(doc, (*path, given[0]), spec[given[0]])
+    if given[0] == "regex":
+        try:
+            re.compile(expected)
+        except re.error as exc:
+            raise doc.fail((*path, "regex"), f"not a regular expression: {exc}") from None
     return Prompt(
         name=_name(doc, (*path, "name"), spec["name"]),
         api=validate.choice(APIS)(doc, (*path, "api"), spec["api"]),
         prompt=validate.text(doc, (*path, "prompt"), spec["prompt"]),
-        expect=validate.text(doc, (*path, "expect"), spec["expect"]),
+        expect=expected,
         max_tokens=validate.positive_int(doc, (*path, "max_tokens"), spec["max_tokens"]),
+        match=EXPECT_KEYS[given[0]],
     )
 
 

@@ -24,12 +24,12 @@ from pathlib import Path
 from builder import (
     attest,
     build,
+    checkmodel,
     closure,
     disk,
     fsutil,
     gitrepo,
     log,
-    model,
     patch,
     plan,
     preflight,
@@ -208,7 +208,7 @@ def verify_image(ctx: Context, run: TargetRun) -> bool:
     assert run.image is not None
     run.status = Status.VERIFYING
     check = run.plan.target.check
-    model_dir = model.ensure(ctx.opts.cache, check.model)
+    model_dir = checkmodel.provide(ctx.opts.cache, check)
     gpus = run.plan.target.profile == "spark"
     run.result = verify.verify(ctx.engine, run.image, check, model_dir, ctx.opts.out / run.plan.id / "verify.json", gpus=gpus)
     return True

@@ -7,6 +7,7 @@ measured by streaming: time to first token, and decode tokens/s after it, at eac
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import statistics
 import time
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import requests
 
@@ -36,9 +37,14 @@ class Answer:
     prompt: str
     expected: str
     received: str
+    match: Literal["exact", "contains", "regex"] = "exact"
 
     @property
     def ok(self) -> bool:
+        if self.match == "contains":
+            return self.expected in self.received
+        if self.match == "regex":
+            return re.search(self.expected, self.received) is not None
         return self.received.strip() == self.expected.strip()
 
 
@@ -258,7 +264,9 @@ def ask(url: str, prompt: Prompt, model: str = MODEL_NAME) -> Answer:
     except (requests.RequestException, KeyError, IndexError, ValueError) as exc:
         raise VerifyError(f"{prompt.name}: POST {path} failed: {exc}") from None
     text = choice["message"]["content"] if prompt.api == "chat" else choice["text"]
-    return Answer(name=prompt.name, api=prompt.api, prompt=prompt.prompt, expected=prompt.expect, received=text or "")
+    return Answer(
+        name=prompt.name, api=prompt.api, prompt=prompt.prompt, expected=prompt.expect, received=text or "", match=prompt.match
+    )
 
 
 def stream_once(url: str, prompt: Prompt, max_tokens: int, model: str = MODEL_NAME) -> Sample:

@@ -170,6 +170,18 @@ def test_verify_url_checks_a_running_server_and_gates_it_from_a_log_file(served:
     assert [a["received"] for a in result["answers"]] == [" g h i j", " q r s t"]
     assert result["vllm_version"] == "0.32.0" and len(result["bench"]) == 4
 
+    # Robust answers: a text the answer contains, a regular expression it matches.
+    robust = (ROOT / "matrix.yaml").read_text().replace('expect: " g h i j"', "contains: h i", 1)
+    robust = robust.replace('expect: " q r s t"', "regex: '^ q r s t$'", 1)
+    (tmp_path / "robust").mkdir()
+    (tmp_path / "robust" / "matrix.yaml").write_text(robust)
+    (tmp_path / "robust" / "patches").symlink_to(ROOT / "patches")
+    matched = sparkbuild(
+        "verify", "--url", url, "--check", "alphabet", "--matrix", str(tmp_path / "robust" / "matrix.yaml"), "--json"
+    )
+    assert matched.code == 0, matched.err
+    assert [(a["match"], a["ok"]) for a in json.loads(matched.out)["answers"]] == [("contains", True), ("regex", True)]
+
     # A check that expects kernels needs the log; with it, the gate runs (the dense Llama logs no MoE).
     (tmp_path / "start.log").write_text(served["alphabet"].log)
     args = ("--check", "alphabet", "--matrix", str(gate_matrix(tmp_path, "{moe: CPU}")), "--result", str(tmp_path / "g.json"))

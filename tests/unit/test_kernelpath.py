@@ -98,8 +98,9 @@ def test_a_kind_the_log_never_names_is_a_failure_not_a_pass() -> None:
         ("0.13.0", "Using Marlin for CompressedTensorsW4A4Nvfp4MoEMethod.", "moe", "MARLIN"),
         ("0.11.0", "Using FlashInfer kernels for CompressedTensorsW4A4MoeMethod.", "moe", "FLASHINFER_CUTLASS"),
         # NVFP4 linear layers.
-        ("0.33.0", "Using FlashInferCutlassNvFp4LinearKernel for NVFP4 GEMM", "nvfp4_gemm", "FlashInferCutlassNvFp4LinearKernel"),
-        ("0.19.0", "Using cutlass for NVFP4 GEMM", "nvfp4_gemm", "cutlass"),
+        ("0.33.0", "Using FlashInferCutlassNvFp4LinearKernel for NVFP4 GEMM", "nvfp4_gemm", "FLASHINFER_CUTLASS"),
+        ("0.19.0", "Using cutlass for NVFP4 GEMM", "nvfp4_gemm", "VLLM_CUTLASS"),
+        ("0.14.0", "Using marlin for NVFP4 GEMM", "nvfp4_gemm", "MARLIN"),
     ],
 )
 def test_each_release_range_reads_its_own_words(version: str, line: str, kind: str, backend: str) -> None:
@@ -119,7 +120,7 @@ def test_marlin_where_cutlass_is_expected_fails_naming_both() -> None:
 
 def test_a_kind_a_release_range_does_not_log_is_refused() -> None:
     with pytest.raises(VerifyError, match=r"vLLM 0.11.0 .* logs no 'nvfp4_gemm' choice"):
-        kernelpath.gate({"nvfp4_gemm": ("cutlass",)}, "", "0.11.0")
+        kernelpath.gate({"nvfp4_gemm": ("VLLM_CUTLASS",)}, "", "0.11.0")
 
 
 @pytest.mark.parametrize(
