@@ -93,7 +93,7 @@ def ensure(cache: Path, name: str) -> Path:
         log.info(f"model {name}: cached at {target}")
         return target
     maker = _maker(cache, name)  # an unknown name fails here, before any folder is made
-    with log.step(f"Making model '{name}' (cached by content at {target})"):
+    with log.step(f"Training model '{name}' (cached by content at {target})"):
         target.parent.mkdir(parents=True, exist_ok=True)
         # A folder of its own, renamed last: an interrupted or concurrent run never leaves or sees a half model.
         partial = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial"))

@@ -20,7 +20,7 @@ from pathlib import Path
 from builder.moe.recipe import MoeRecipe
 
 # Bump when the training or quantizing code changes in a way that changes the checkpoints.
-VERSION = 1
+VERSION = 2
 
 # Dimensions chosen so that no vLLM MoE backend pads (padding is a different code path from the one real
 # models take): hidden 256 meets the largest hidden alignment (TRT-LLM FP4 MoE and Marlin MXFP4 round

@@ -70,6 +70,7 @@ def write(net: Any, fast: Any, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     safetensors.save_file(_state_dict(net), out / "model.safetensors", metadata={"format": "pt"})
     config = net.config
+    config.architectures = [type(net).__name__]  # save_pretrained of the model sets it; vLLM picks its class by it
     config.dtype = "bfloat16"
     config.quantization_config = {"quant_method": "mxfp4", "modules_to_not_convert": NOT_CONVERTED}
     config.save_pretrained(out)
