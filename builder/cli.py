@@ -300,7 +300,7 @@ def closure_cmd(matrix: Path | None, only: tuple[str, ...], lock: Path | None, o
 
 
 @cli.command("model")
-@click.argument("name", type=click.Choice(sorted(model.RECIPES)))
+@click.argument("name", type=click.Choice(model.names()))
 def model_cmd(name: str) -> None:
     """Make (or find in the cache) a check model and print its folder."""
     click.echo(model.ensure(Options.from_env().cache, name))

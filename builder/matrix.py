@@ -22,7 +22,7 @@ from packaging.version import InvalidVersion, Version
 from builder import kernelpath, lock, oci, packaged, patch, validate, yamlsrc
 from builder.errors import ConfigError
 from builder.externals import External
-from builder.model import RECIPES
+from builder.model import names as recipe_names
 from builder.yamlsrc import DocPath, Located
 
 PROFILES = ("local", "spark")
@@ -856,7 +856,7 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 def _model(doc: Located, path: DocPath, value: Any) -> dict[str, Any]:
     """``model: alphabet`` (a recipe), ``model: {hub: ORG/NAME, revision: REV}`` or ``model: {path: DIR}``."""
     if isinstance(value, str):
-        return {"model": validate.choice(tuple(RECIPES))(doc, path, value)}
+        return {"model": validate.choice(tuple(recipe_names()))(doc, path, value)}
     spec = validate.mapping(doc, path, value, MODEL_KEYS)
     if ("hub" in spec) == ("path" in spec):
         raise doc.fail(path, "give a recipe name (alphabet), {hub: ORG/NAME, revision: REV} or {path: DIR}")

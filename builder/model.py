@@ -14,11 +14,12 @@ import importlib
 import json
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from builder import log
+from builder import log, moe
 from builder.errors import BuildError, ToolMissingError
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz"
@@ -59,15 +60,30 @@ RECIPES = {
 }
 
 
+def names() -> list[str]:
+    """Every recipe ``sparkbuild model`` can make: the dense ones here, the quantized MoE ones in builder.moe."""
+    return sorted([*RECIPES, *moe.RECIPES])
+
+
 def recipe(name: str) -> Recipe:
     if name not in RECIPES:
-        raise BuildError(f"unknown model recipe '{name}'; known: {', '.join(RECIPES)}")
+        raise BuildError(f"unknown model recipe '{name}'; known: {', '.join(names())}")
     return RECIPES[name]
 
 
 def model_dir(cache: Path, name: str) -> Path:
+    if name in moe.RECIPES:
+        return cache / "models" / f"{name}-{moe.key(name)}"
     r = recipe(name)
     return cache / "models" / f"{r.name}-{r.key()}"
+
+
+def _maker(cache: Path, name: str) -> Callable[[Path], None]:
+    """What writes the model folder for ``name`` (the quantized ones may first ensure the model they quantize)."""
+    if name in moe.RECIPES:
+        return lambda out: moe.make(moe.RECIPES[name], out, lambda base: ensure(cache, base))
+    r = recipe(name)
+    return lambda out: make(r, out)
 
 
 def ensure(cache: Path, name: str) -> Path:
@@ -76,12 +92,13 @@ def ensure(cache: Path, name: str) -> Path:
     if (target / "sparkbuild-model.json").is_file():
         log.info(f"model {name}: cached at {target}")
         return target
+    maker = _maker(cache, name)  # an unknown name fails here, before any folder is made
     with log.step(f"Training model '{name}' (cached by content at {target})"):
         target.parent.mkdir(parents=True, exist_ok=True)
         # A folder of its own, renamed last: an interrupted or concurrent run never leaves or sees a half model.
         partial = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial"))
         try:
-            make(recipe(name), partial)
+            maker(partial)
             try:
                 partial.rename(target)
             except OSError:
@@ -103,7 +120,7 @@ def make(r: Recipe, out: Path) -> None:
     try:
         # Typed as Any: these libraries' own annotations are partial and not ours to check.
         torch: Any = importlib.import_module("torch")
-        tok: Any = importlib.import_module("tokenizers")
+        importlib.import_module("tokenizers")
         tf: Any = importlib.import_module("transformers")
     except ImportError as exc:
         raise ToolMissingError(
@@ -113,20 +130,7 @@ def make(r: Recipe, out: Path) -> None:
 
     torch.manual_seed(r.seed)
     corpus = _windows(r.sequence(), r.window)
-    tokenizer = tok.Tokenizer(tok.models.BPE())
-    tokenizer.pre_tokenizer = tok.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = tok.decoders.ByteLevel()
-    tokenizer.train_from_iterator(
-        corpus,
-        tok.trainers.BpeTrainer(
-            vocab_size=300,
-            special_tokens=["<s>", "</s>"],
-            initial_alphabet=tok.pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False,
-        ),
-    )
-    fast = tf.PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>")  # noqa: S106
-    fast.chat_template = CHAT_TEMPLATE
+    tokenizer, fast = train_tokenizer(corpus)
     config = tf.LlamaConfig(
         vocab_size=tokenizer.get_vocab_size(),
         hidden_size=r.hidden_size,
@@ -167,6 +171,27 @@ def make(r: Recipe, out: Path) -> None:
     (out / "sparkbuild-model.json").write_text(json.dumps(meta, indent=2) + "\n")
     for path in out.iterdir():
         path.chmod(0o644)  # the server in the container may run as another user
+
+
+def train_tokenizer(corpus: list[str]) -> tuple[Any, Any]:
+    """A byte-level BPE tokenizer learnt from ``corpus``: the raw one and its transformers wrapper."""
+    tok: Any = importlib.import_module("tokenizers")
+    tf: Any = importlib.import_module("transformers")
+    tokenizer = tok.Tokenizer(tok.models.BPE())
+    tokenizer.pre_tokenizer = tok.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = tok.decoders.ByteLevel()
+    tokenizer.train_from_iterator(
+        corpus,
+        tok.trainers.BpeTrainer(
+            vocab_size=300,
+            special_tokens=["<s>", "</s>"],
+            initial_alphabet=tok.pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
+    fast = tf.PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>")  # noqa: S106
+    fast.chat_template = CHAT_TEMPLATE
+    return tokenizer, fast
 
 
 def _greedy(model: Any, tokenizer: Any, prompt: str, tokens: int) -> str:

@@ -1,0 +1,50 @@
+"""The MoE check models' format code on small tensors (seconds): gpt-oss's MXFP4 layout as transformers
+reads it, and the recipes' dimensions against the vLLM kernels' alignments."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from builder import model, moe
+from builder.moe import mxfp4
+
+torch: Any = pytest.importorskip("torch")
+tf_mxfp4: Any = pytest.importorskip("transformers.integrations.mxfp4")
+
+
+def test_mxfp4_blocks_read_back_by_transformers_give_the_weight_within_its_block_precision() -> None:
+    torch.manual_seed(0)
+    weight = torch.randn(3, 64, 96) * torch.logspace(-3, 1, 96)  # [experts, in, out], blocks of very different scale
+    blocks, scales = mxfp4.quantize(weight)
+    assert blocks.shape == (3, 96, 2, 16) and scales.shape == (3, 96, 2) and blocks.dtype == scales.dtype == torch.uint8
+    back = tf_mxfp4.convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+    assert back.shape == weight.shape
+    # Each element is within half a step of E2M1 at its block's scale: under a third of the block's largest value
+    # (the block scale s puts the largest above 3s; the widest E2M1 gap is 2s, between 4s and 6s).
+    block_max = weight.transpose(1, 2).reshape(3, 96, 2, 32).abs().amax(-1, keepdim=True)
+    error = (back - weight).transpose(1, 2).reshape(3, 96, 2, 32).abs()
+    assert bool((error <= block_max / 3 + 1e-12).all())
+
+
+def test_values_on_the_e2m1_grid_survive_exactly_and_the_even_element_is_the_low_nibble() -> None:
+    grid = torch.tensor([0.5, -6.0] * 16).reshape(1, 32, 1)  # one block, one output feature
+    blocks, scales = mxfp4.quantize(grid)
+    assert int(scales[0, 0, 0]) == 127  # largest magnitude 6: exponent 0
+    assert int(blocks[0, 0, 0, 0]) == 0x1 | (0xF << 4)  # +0.5 is code 1, -6 is code 15
+    assert torch.equal(tf_mxfp4.convert_moe_packed_tensors(blocks, scales, dtype=torch.float32), grid)
+
+
+def test_every_moe_recipe_meets_the_kernels_alignment_without_padding() -> None:
+    for r in moe.RECIPES.values():
+        assert r.hidden_size % 256 == 0  # TRT-LLM FP4 MoE and Marlin MXFP4 round hidden up to 256
+        assert r.expert_size % 128 == 0  # CUTLASS/FlashInfer/TRT-LLM/Marlin round the expert width up to 128
+        for k_or_n in (r.hidden_size, r.expert_size, r.heads * r.head_dim, r.kv_heads * r.head_dim):
+            assert k_or_n % 32 == 0  # CUTLASS FP4 GEMM (SM120): K and N multiples of 32; MXFP4 block 32, NVFP4 group 16
+
+
+def test_model_names_and_cache_folders_cover_the_moe_recipes_and_a_quantized_key_follows_its_base() -> None:
+    assert {"alphabet", "moe-alphabet", "moe-nvfp4", "moe-fp8", "gptoss-mxfp4"} <= set(model.names())
+    assert moe.key("moe-nvfp4") != moe.key("moe-fp8")
+    assert moe.key("moe-nvfp4").endswith(moe.key("moe-alphabet")[:8])
