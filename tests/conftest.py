@@ -12,7 +12,7 @@ from typing import Protocol
 
 import pytest
 
-from builder import base_image, gitrepo, matrix
+from builder import base_image, gitrepo, matrix, options
 from builder.engine import Engine
 from builder.registry import Registry, embedded
 
@@ -68,9 +68,19 @@ def engine() -> Engine:
 
 @pytest.fixture(scope="session")
 def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """sparkbuild's cache for the test session; SPARKBUILD_TEST_CACHE keeps it between runs."""
+    """sparkbuild's cache for the test session; SPARKBUILD_TEST_CACHE keeps it between runs.
+
+    Its check models are sparkbuild's own model cache (``~/.cache/sparkbuild/models``) even so:
+    they are cached by content, and written only once proven (the MoE ones take minutes to make).
+    SPARKBUILD_TEST_MODELS names another folder for them."""
     keep = os.environ.get("SPARKBUILD_TEST_CACHE")
-    return Path(keep) if keep else tmp_path_factory.mktemp("sparkbuild-cache")
+    if keep:
+        return Path(keep)
+    folder = tmp_path_factory.mktemp("sparkbuild-cache")
+    models = Path(os.environ.get("SPARKBUILD_TEST_MODELS") or options.default_cache() / "models")
+    models.mkdir(parents=True, exist_ok=True)
+    (folder / "models").symlink_to(models)
+    return folder
 
 
 @pytest.fixture(scope="session")
