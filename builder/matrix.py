@@ -122,8 +122,13 @@ class Check:
     serve_args: tuple[str, ...]
     prompts: tuple[Prompt, ...]
     concurrency: tuple[int, ...]
-    bench_max_tokens: int
     startup_timeout: int
+    # The benchmark (builder/benchmark.py): each figure is the median of this many runs.
+    bench_repeats: int
+    # A figure changed by less than this (percent) or twice its repeats' spread is noise.
+    bench_threshold_pct: int
+    # A target whose speed regressed is published by digest, its readable tags left where they are.
+    bench_hold_tags: bool
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -787,7 +792,16 @@ def target_id(vllm_version: str, cuda: str | None, arch_list: str, platform: str
 
 # --- checks and bases ------------------------------------------------------------------------
 
-CHECK_KEYS = ("model", "serve_args", "prompts", "concurrency", "bench_max_tokens", "startup_timeout")
+CHECK_KEYS = (
+    "model",
+    "serve_args",
+    "prompts",
+    "concurrency",
+    "startup_timeout",
+    "bench_repeats",
+    "bench_threshold_pct",
+    "bench_hold_tags",
+)
 PROMPT_KEYS = ("name", "api", "prompt", "expect", "max_tokens")
 
 
@@ -814,8 +828,10 @@ def _checks(doc: Located, defaults_doc: Located, value: Any) -> dict[str, Check]
                 for i, p in enumerate(validate.list_of_maps(doc, (*path, "prompts"), prompts))
             ),
             concurrency=get("concurrency", validate.list_of(validate.positive_int)),
-            bench_max_tokens=get("bench_max_tokens", validate.positive_int),
             startup_timeout=get("startup_timeout", validate.positive_int),
+            bench_repeats=get("bench_repeats", validate.positive_int),
+            bench_threshold_pct=get("bench_threshold_pct", validate.positive_int),
+            bench_hold_tags=get("bench_hold_tags", validate.boolean),
         )
         if not result[name].prompts:
             raise doc.fail((*path, "prompts"), "a check needs at least one prompt with its expected answer")

@@ -1,23 +1,23 @@
 """Verify stage: serve the image's OpenAI-compatible API, check known answers, measure speed.
 
 Answers are greedy (temperature 0) so a right build gives exactly the expected text. Speed is
-measured by streaming: time to first token, and decode tokens/s after it, at each concurrency.
+measured with vLLM's own benchmark, run from the image against its server (``builder.speed``):
+decode, prefill and queueing at each concurrency level of the check.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
-import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import requests
 
-from builder import log
+from builder import log, speed
+from builder.benchmark import Benchmark
 from builder.engine import Container, Engine
 from builder.errors import VerifyError
 from builder.matrix import Check, Prompt
@@ -40,30 +40,14 @@ class Answer:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Sample:
-    ttft_s: float
-    decode_tokens_per_s: float
-    tokens: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class Bench:
-    concurrency: int
-    ttft_ms_p50: float
-    ttft_ms_max: float
-    decode_tokens_per_s_p50: float
-    total_tokens_per_s: float
-    requests: int
-
-
-@dataclass(frozen=True, kw_only=True)
 class VerifyResult:
     image: str
     model: str
     check: str
     startup_s: float
     answers: tuple[Answer, ...]
-    bench: tuple[Bench, ...] = field(default=())
+    # vllm bench serve's figures; None where an answer was wrong (nothing worth timing).
+    benchmark: Benchmark | None = None
 
     @property
     def ok(self) -> bool:
@@ -71,6 +55,7 @@ class VerifyResult:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
+        data["benchmark"] = self.benchmark.to_json() if self.benchmark else None
         data["ok"] = self.ok
         for answer, raw in zip(self.answers, data["answers"], strict=True):
             raw["ok"] = answer.ok
@@ -99,11 +84,13 @@ def verify(engine: Engine, image: str, check: Check, model: Path, result_file: P
         answers = tuple(ask(url, prompt) for prompt in check.prompts)
         for a in answers:
             log.info(f"  {a.name} ({a.api}): {a.prompt!r} -> {a.received!r} [{'ok' if a.ok else 'WRONG'}]")
-        bench: tuple[Bench, ...] = ()
+        bench: Benchmark | None = None
         if all(a.ok for a in answers):
-            with log.step(f"Benchmark at concurrency {', '.join(map(str, check.concurrency))}"):
-                bench = tuple(measure(url, check.prompts[0], c, check.bench_max_tokens) for c in check.concurrency)
-    result = VerifyResult(image=image, model=str(model), check=check.name, startup_s=startup, answers=answers, bench=bench)
+            levels = ", ".join(map(str, check.concurrency))
+            with log.step(f"vllm bench serve: decode, prefill, queueing at concurrency {levels}, x{check.bench_repeats}"):
+                folder = result_file.parent / "bench"
+                bench = speed.measure(engine, image, check, model, port=port, served_name=MODEL_NAME, folder=folder)
+    result = VerifyResult(image=image, model=str(model), check=check.name, startup_s=startup, answers=answers, benchmark=bench)
     result_file.parent.mkdir(parents=True, exist_ok=True)
     result_file.write_text(json.dumps(result.to_json(), indent=2) + "\n")
     wrong = [a for a in answers if not a.ok]
@@ -150,46 +137,3 @@ def ask(url: str, prompt: Prompt) -> Answer:
         raise VerifyError(f"{prompt.name}: POST {path} failed: {exc}") from None
     text = choice["message"]["content"] if prompt.api == "chat" else choice["text"]
     return Answer(name=prompt.name, api=prompt.api, prompt=prompt.prompt, expected=prompt.expect, received=text or "")
-
-
-def stream_once(url: str, prompt: Prompt, max_tokens: int) -> Sample:
-    path, body = _body(prompt, max_tokens)
-    body.update(stream=True, ignore_eos=True, stream_options={"include_usage": True})
-    start = time.perf_counter()
-    first = last = 0.0
-    tokens = 0
-    with requests.post(url + path, json=body, stream=True, timeout=300) as response:
-        response.raise_for_status()
-        for line in response.iter_lines():
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if event.get("usage"):
-                tokens = int(event["usage"]["completion_tokens"])
-            if event.get("choices"):
-                last = time.perf_counter()
-                first = first or last
-    if not first:
-        raise VerifyError(f"streaming {path} returned no tokens")
-    decode = (tokens - 1) / (last - first) if tokens > 1 and last > first else 0.0
-    return Sample(ttft_s=first - start, decode_tokens_per_s=decode, tokens=tokens)
-
-
-def measure(url: str, prompt: Prompt, concurrency: int, max_tokens: int) -> Bench:
-    start = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        samples = list(pool.map(lambda _: stream_once(url, prompt, max_tokens), range(concurrency)))
-    wall = time.perf_counter() - start
-    bench = Bench(
-        concurrency=concurrency,
-        ttft_ms_p50=round(statistics.median(s.ttft_s for s in samples) * 1000, 1),
-        ttft_ms_max=round(max(s.ttft_s for s in samples) * 1000, 1),
-        decode_tokens_per_s_p50=round(statistics.median(s.decode_tokens_per_s for s in samples), 1),
-        total_tokens_per_s=round(sum(s.tokens for s in samples) / wall, 1),
-        requests=concurrency,
-    )
-    log.info(
-        f"  c={concurrency}: TTFT p50 {bench.ttft_ms_p50} ms, decode p50 {bench.decode_tokens_per_s_p50} tok/s, "
-        f"total {bench.total_tokens_per_s} tok/s"
-    )
-    return bench

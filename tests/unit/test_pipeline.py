@@ -7,12 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from builder import log, patch, pipeline, plan
+from builder import benchmark, log, patch, pipeline, plan
 from builder.errors import BuildError
 from builder.options import Options
 from builder.registry import Registry
-from builder.verify import Answer, Bench, VerifyResult
+from builder.verify import Answer, VerifyResult
 from tests.conftest import ROOT
+
+BASELINE = Path(__file__).parent / "data" / "bench" / "baseline.json"
 
 
 def a_run(status: pipeline.Status) -> pipeline.TargetRun:
@@ -23,30 +25,34 @@ def a_run(status: pipeline.Status) -> pipeline.TargetRun:
         check="alphabet",
         startup_s=1.0,
         answers=(Answer(name="completion", api="completions", prompt="c d e f", expected=" g h i j", received=" g h i j"),),
-        bench=(
-            Bench(
-                concurrency=1,
-                ttft_ms_p50=17.2,
-                ttft_ms_max=18.0,
-                decode_tokens_per_s_p50=591.9,
-                total_tokens_per_s=453.5,
-                requests=1,
-            ),
-        ),
+        benchmark=benchmark.from_json(json.loads(BASELINE.read_text()), "baseline.json"),
     )
     return pipeline.TargetRun(p, status=status, digest="sha256:" + "ab" * 32, result=result, seconds=291.0)
 
 
 def test_summary_table_has_one_row_per_target() -> None:
     table = pipeline.summary_table([a_run(pipeline.Status.PUBLISHED)])
-    header, rule, row = table.splitlines()
+    header, rule, row = table.splitlines()[:3]
     columns = [cell.strip() for cell in header.split("|")[1:-1]]
     assert columns == [
-        *("target", "vLLM", "commit", "patches", "preflight", "image tag", "digest", "signed", "verify", "status", "time")
+        *(
+            "target",
+            "vLLM",
+            "commit",
+            "patches",
+            "preflight",
+            "image tag",
+            "digest",
+            "signed",
+            "verify",
+            "speed",
+            "status",
+            "time",
+        )
     ]
     assert set(rule) <= {"|", "-"}
     assert "vllm-0.32.0-cpu-amd64" in row and "published" in row and "4m51s" in row
-    assert "1/1 answers, c=1: TTFT 17 ms, 592 tok/s" in row
+    assert "1/1 answers, decode c=1: TTFT 24 ms, 114 tok/s" in row
 
 
 def test_the_table_shows_each_patch_status_and_the_commit() -> None:
