@@ -57,10 +57,12 @@ def _pair(level: Level | None, baseline: Level | None, figure: str) -> str:
     """``figure`` of ``level``, beside the baseline's where there is one."""
     if level is None:
         return "-"
-    value = float(getattr(level.figures, figure))
-    if baseline is None:
-        return f"{value:.1f}"
-    return f"{value:.1f} (was {float(getattr(baseline.figures, figure)):.1f})"
+
+    def shown(value: float | None) -> str:
+        return "bursts" if value is None else f"{value:.1f}"  # see Figures.tokens_per_s_per_request
+
+    now = shown(getattr(level.figures, figure))
+    return now if baseline is None else f"{now} (was {shown(getattr(baseline.figures, figure))})"
 
 
 def rows(current: Benchmark, baseline: Benchmark | None, model: str = "") -> list[tuple[str, ...]]:
@@ -116,8 +118,10 @@ PLOTS: tuple[tuple[str, str, Scenario, str], ...] = (
 
 
 def _series(bench: Benchmark, scenario: Scenario, figure: str) -> tuple[list[int], list[float]]:
+    """The levels that measured ``figure`` and its values (a per-request rate in bursts is left out)."""
     levels = sorted((lv for lv in bench.levels if lv.scenario == scenario), key=lambda lv: lv.concurrency)
-    return [lv.concurrency for lv in levels], [float(getattr(lv.figures, figure)) for lv in levels]
+    measured = [(lv.concurrency, getattr(lv.figures, figure)) for lv in levels if getattr(lv.figures, figure) is not None]
+    return [c for c, _ in measured], [float(v) for _, v in measured]
 
 
 def plot(current: Benchmark, baseline: Benchmark | None, folder: Path, *, title: str, baseline_label: str = "baseline") -> Path:
@@ -138,7 +142,7 @@ def plot(current: Benchmark, baseline: Benchmark | None, folder: Path, *, title:
         ax.set_title(f"{scenario}: {label}")
         ax.set_xlabel("concurrency")
         ax.set_ylabel(label)
-        ax.set_xticks(x)
+        ax.set_xticks(sorted({lv.concurrency for lv in current.levels}))
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
         ax.legend()

@@ -22,7 +22,7 @@ Verdict = Literal["regressed", "ok", "improved", "no baseline"]
 # Figures where more is better; every other (times in ms) is better when less.
 HIGHER_IS_BETTER = ("tokens_per_s", "tokens_per_s_per_request")
 HEADLINE: dict[Scenario, tuple[str, ...]] = {
-    "decode": ("tokens_per_s_per_request", "tokens_per_s"),
+    "decode": ("tokens_per_s_per_request", "tokens_per_s"),  # per request where the stream shows it
     "prefill": ("ttft_ms_p50",),
     "queueing": ("ttft_ms_p99",),
 }
@@ -132,7 +132,10 @@ def compare(current: Benchmark, baseline: Benchmark | None, *, threshold_pct: fl
         if base is None:
             continue  # a level the baseline did not measure: nothing to compare it with
         for figure in COMPARED:
-            value, was = float(getattr(level.figures, figure)), float(getattr(base.figures, figure))
+            now, then = getattr(level.figures, figure), getattr(base.figures, figure)
+            if now is None or then is None:
+                continue  # not measured in one of them (tokens in bursts): nothing to compare
+            value, was = float(now), float(then)
             changes.append(
                 Change(
                     scenario=level.scenario,

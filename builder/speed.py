@@ -1,8 +1,10 @@
 """Runs ``vllm bench serve`` from the image under test against the server verify started.
 
 The benchmark is vLLM's own, from the same image as the server (the same vLLM), in a container of
-its own on the host network (where the server listens on 127.0.0.1). Each run saves its result
-into a folder of the target's output, read back by ``builder.benchmark``.
+its own on the host network (where the server listens on 127.0.0.1): one container per
+concurrency level runs that level's scenarios and repeats in one process
+(``resources/vllm_bench.py``: vLLM's own parser and ``main``, as the command runs them). Each run
+saves its result into a folder of the target's output, read back by ``builder.benchmark``.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from builder.engine import Engine
 from builder.errors import EngineError, VerifyError
 from builder.matrix import Check
 
-# vLLM's CLI as a module: the image's entrypoint starts the server, so it is replaced.
-VLLM = ("python3", "-m", "vllm.entrypoints.cli.main")
+# The image's entrypoint starts the server, so it is replaced by its Python and the runner.
+RUNNER = Path(__file__).parent / "resources" / "vllm_bench.py"
+RUNNER_IN_IMAGE = "/sparkbuild/vllm_bench.py"
 RESULTS = "/results"
 TOKENIZER = "/model"
-# One run sends a few dozen requests at most; one that takes longer than this is stuck.
-RUN_TIMEOUT_S = 900
+# One level's runs send a few hundred requests at most; a level that takes longer is stuck.
+LEVEL_TIMEOUT_S = 1800
 
 
 def window_of(model: Path, check: Check) -> int:
@@ -41,25 +44,38 @@ def measure(engine: Engine, image: str, check: Check, model: Path, *, port: int,
     window = window_of(model, check)
     folder.mkdir(parents=True, exist_ok=True)
     results: list[tuple[Run, Figures]] = []
-    per_level: dict[int, float] = dict.fromkeys(check.concurrency, 0.0)
+    per_level: dict[int, float] = {}
     start = time.monotonic()
-    for run in benchmark.runs(check.concurrency, window, check.bench_repeats):
+    every = benchmark.runs(check.concurrency, window, check.bench_repeats)
+    for level in check.concurrency:
         began = time.monotonic()
-        figures = benchmark.require_consistent(_one(engine, image, run, model, port, served_name, folder), run)
-        per_level[run.concurrency] += time.monotonic() - began
-        log.info(
-            f"  {run.name}: {figures.tokens_per_s_per_request:.1f} tok/s per request, {figures.tokens_per_s:.1f} in all, "
-            f"TTFT p50 {figures.ttft_ms_p50:.1f} ms p99 {figures.ttft_ms_p99:.1f} ms ({figures.requests} requests)"
-        )
-        results.append((run, figures))
+        runs = [r for r in every if r.concurrency == level]
+        results += _level(engine, image, runs, model, port=port, served_name=served_name, folder=folder)
+        per_level[level] = time.monotonic() - began
     return benchmark.combine(results, window, time.monotonic() - start, per_level)
 
 
-def _one(engine: Engine, image: str, run: Run, model: Path, port: int, served_name: str, folder: Path) -> Figures:
-    args = benchmark.arguments(run, url=f"http://127.0.0.1:{port}", model=served_name, tokenizer=TOKENIZER, result_dir=RESULTS)
-    mounts = {model.resolve(): (TOKENIZER, "ro"), folder.resolve(): (RESULTS, "rw")}
+def _level(
+    engine: Engine, image: str, runs: list[Run], model: Path, *, port: int, served_name: str, folder: Path
+) -> list[tuple[Run, Figures]]:
+    """One level's runs in one container; each one's figures, checked."""
+    url = f"http://127.0.0.1:{port}"
+    lists = [benchmark.arguments(r, url=url, model=served_name, tokenizer=TOKENIZER, result_dir=RESULTS) for r in runs]
+    listing = folder / f"runs-c{runs[0].concurrency}.json"
+    listing.write_text(json.dumps(lists, indent=1) + "\n")
+    mounts = {model.resolve(): (TOKENIZER, "ro"), folder.resolve(): (RESULTS, "rw"), RUNNER.resolve(): (RUNNER_IN_IMAGE, "ro")}
+    command = ["python3", RUNNER_IN_IMAGE, f"{RESULTS}/{listing.name}"]
     try:
-        engine.output(image, [*VLLM, *args], timeout_s=RUN_TIMEOUT_S, network="host", mounts=mounts)
+        engine.output(image, command, timeout_s=LEVEL_TIMEOUT_S, network="host", mounts=mounts)
     except EngineError as exc:
-        raise VerifyError(f"vllm bench serve ({run.name}) failed: {exc}") from None
-    return benchmark.read(folder / f"{run.name}.json")
+        raise VerifyError(f"vllm bench serve at c={runs[0].concurrency} failed: {exc}") from None
+    done = []
+    for run in runs:
+        figures = benchmark.require_consistent(benchmark.read(folder / f"{run.name}.json"), run)
+        log.info(
+            f"  {run.name}: {figures.tokens_per_s:.1f} tok/s in all, {figures.tokens_per_s_per_request or 'bursts'} per request "
+            f"(TPOT p50 {figures.tpot_ms_p50:.2f} ms), TTFT p50 {figures.ttft_ms_p50:.1f} ms p99 {figures.ttft_ms_p99:.1f} ms, "
+            f"{figures.requests} requests"
+        )
+        done.append((run, figures))
+    return done

@@ -33,7 +33,7 @@ def test_the_full_shapes_are_kept_where_the_context_window_allows() -> None:
 def test_a_short_context_scales_the_shape_down_keeping_the_prompt_longest() -> None:
     # 128 tokens, an eighth kept free for the tokenizer: 112; decode keeps 16 output tokens.
     assert benchmark.shape("decode", 128) == Shape(input_len=96, output_len=16)
-    assert benchmark.shape("prefill", 128) == Shape(input_len=110, output_len=2)
+    assert benchmark.shape("prefill", 128) == Shape(input_len=108, output_len=4)
     for scenario in benchmark.SCENARIOS:
         for window in (64, 128, 1000, 2176, 4000):
             s = benchmark.shape(scenario, window)
@@ -80,6 +80,7 @@ def test_the_arguments_pin_the_seed_warm_up_save_the_result_and_ask_for_p50_and_
     # Queueing: more requests at once than the level, no client-side cap, so the server queues them.
     assert value("--request-rate", queued) == "inf" and value("--num-prompts", queued) == "20"
     assert "--max-concurrency" not in queued
+    assert (decode.in_flight, queueing.in_flight) == (5, 20)  # what bounds the aggregate
 
 
 # --- reading vLLM's result -------------------------------------------------------------------------
@@ -115,10 +116,16 @@ def test_impossible_figures_fail_loudly() -> None:
     f = benchmark.read(DATA / "inconsistent.json")
     wrong = benchmark.inconsistencies(f, 2)
     assert any("TTFT p99 30.0 < p50 40.0" in w for w in wrong)
-    assert any("above the bound 10000" in w for w in wrong)
+    assert any("82375.0 tok/s in aggregate is above 2 x the bound 10000" in w for w in wrong)  # the hand-made benchmark's
     run = benchmark.runs([2], 128, 1)[0]
     with pytest.raises(VerifyError, match="inconsistent"):
         benchmark.require_consistent(f, run)
+
+
+def test_tokens_in_bursts_leave_the_per_request_rate_unmeasured() -> None:
+    """ITL p50 below one engine step: the API server merged tokens; TPOT times the bursts."""
+    f = benchmark.read(DATA / "inconsistent.json")  # ITL p50 0.05 ms
+    assert f.tokens_per_s_per_request is None
 
 
 def test_an_aggregate_beyond_c_streams_at_their_own_rate_is_inconsistent() -> None:
