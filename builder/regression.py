@@ -101,7 +101,7 @@ class Gate:
     def reason(self) -> str:
         """One line naming each headline figure that regressed, beside its baseline."""
         return "; ".join(
-            f"{c.scenario} c={c.concurrency} {c.figure} {c.value:g} vs baseline {c.baseline:g} "
+            f"{c.scenario} c={c.concurrency} {c.figure} {c.value:.1f} vs baseline {c.baseline:.1f} "
             f"({c.change * 100:+.1f}%, threshold {c.threshold * 100:.0f}%)"
             for c in self.regressions()
         )

@@ -52,7 +52,7 @@ def test_summary_table_has_one_row_per_target() -> None:
     ]
     assert set(rule) <= {"|", "-"}
     assert "vllm-0.32.0-cpu-amd64" in row and "published" in row and "4m51s" in row
-    assert "1/1 answers, decode c=1: TTFT 24 ms, 114 tok/s" in row
+    assert "1/1 answers, decode c=1: TTFT 14 ms, 293 tok/s" in row
 
 
 def test_the_table_shows_each_patch_status_and_the_commit() -> None:
