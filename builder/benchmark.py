@@ -315,17 +315,17 @@ FIELDS = tuple(Figures.__dataclass_fields__)
 
 
 def median_of(scenario: Scenario, concurrency: int, run_shape: Shape, repeats: Sequence[Figures]) -> Level:
-    """The median of each figure over ``repeats`` (each a whole run), and how far they spread."""
+    """The median of each figure over ``repeats`` (each a whole run), and how far they spread; a
+    per-request rate over the repeats that measured it, where at least half did."""
     if not repeats:
         raise VerifyError(f"{scenario} at c={concurrency}: no run to take a median of")
     medians: dict[str, Any] = {}
     spread: dict[str, float] = {}
     for name in FIELDS:
-        found = [getattr(f, name) for f in repeats]
-        if None in found:  # a figure one repeat could not measure has no median
+        values = [float(v) for v in (getattr(f, name) for f in repeats) if v is not None]
+        if len(values) * 2 < len(repeats):  # measured in fewer than half the repeats: no median
             medians[name], spread[name] = None, 0.0
             continue
-        values = [float(v) for v in found]
         mid = statistics.median(values)
         medians[name] = round(mid, 4)
         spread[name] = round((max(values) - min(values)) / mid, 4) if mid else 0.0

@@ -144,6 +144,15 @@ def test_repeats_give_the_median_of_each_figure_and_its_spread() -> None:
     assert level.figures.requests == 12 and level.repeats == 3
 
 
+def test_a_rate_in_bursts_in_a_minority_of_repeats_still_has_a_median() -> None:
+    one = benchmark.read(DATA / "decode-c2.json")
+    shape = Shape(input_len=96, output_len=16)
+    mostly = [one, one, dataclasses.replace(one, tokens_per_s_per_request=None)]
+    assert benchmark.median_of("decode", 2, shape, mostly).figures.tokens_per_s_per_request == 100.0
+    rarely = [one, *[dataclasses.replace(one, tokens_per_s_per_request=None)] * 2]
+    assert benchmark.median_of("decode", 2, shape, rarely).figures.tokens_per_s_per_request is None
+
+
 def test_a_benchmark_round_trips_through_json() -> None:
     bench = recorded("baseline.json")
     assert benchmark.from_json(json.loads(json.dumps(bench.to_json())), "again") == bench
