@@ -106,6 +106,11 @@ def _provenance_lines(statement: Mapping[str, Any] | None) -> list[str]:
     return lines
 
 
+def _rate(value: float | None) -> str:
+    """A per-request rate; None where tokens reached the client in bursts (builder/benchmark.py)."""
+    return "bursts" if value is None else f"{value:.0f}"
+
+
 def _verify_lines(result: Mapping[str, Any] | None) -> list[str]:
     if result is None:
         return ["  verify: none attached"]
@@ -118,7 +123,7 @@ def _verify_lines(result: Mapping[str, Any] | None) -> list[str]:
     bench = result.get("benchmark") or {}
     lines += [
         f"    {lv['scenario']} c={lv['concurrency']}: TTFT p50 {f['ttft_ms_p50']:.0f} ms p99 {f['ttft_ms_p99']:.0f} ms, "
-        f"{f['tokens_per_s_per_request']:.0f} tok/s per request, {f['tokens_per_s']:.0f} in all ({f['requests']} requests)"
+        f"{_rate(f['tokens_per_s_per_request'])} tok/s per request, {f['tokens_per_s']:.0f} in all ({f['requests']} requests)"
         for lv in bench.get("levels") or ()
         for f in (lv["figures"],)
     ]

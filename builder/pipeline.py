@@ -415,7 +415,7 @@ def verify_cell(result: verify.VerifyResult) -> str:
     first = result.benchmark.levels[0] if result.benchmark and result.benchmark.levels else None
     if first is not None:
         f = first.figures
-        text += f", {first.scenario} c={first.concurrency}: TTFT {f.ttft_ms_p50:.0f} ms, {f.tokens_per_s_per_request:.0f} tok/s"
+        text += f", {first.scenario} c={first.concurrency}: TTFT {f.ttft_ms_p50:.0f} ms, {f.tokens_per_s:.0f} tok/s"
     return text
 
 
