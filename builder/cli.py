@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import shlex
 import signal
@@ -27,6 +28,7 @@ from builder.patch.cli import patch_group
 
 if TYPE_CHECKING:
     from builder import bisect, plan
+    from builder.verify import VerifyResult
 
 F = TypeVar("F", bound=Callable[..., Any])
 # bisect.STAGES, written here so that --help does not import bisect (and with it Docker and git);
@@ -305,12 +307,19 @@ def model_cmd(name: str) -> None:
 
 
 @cli.command("verify")
-@click.argument("image")
+@click.argument("image", required=False)
 @click.option(
     "--model",
     "model_dir",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="Serve this model folder instead of the check's own.",
+)
+@click.option("--url", help="Check a server that is already running (http://HOST:PORT) instead of serving IMAGE.")
+@click.option(
+    "--log",
+    "log_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="With --url: the server's startup log, which the kernel-path gate reads (docker logs NAME > FILE 2>&1).",
 )
 @click.option("--check", "check_name", help="Check to run (default: the one of the image's target).")
 @click.option("--matrix", type=click.Path(path_type=Path))
@@ -319,35 +328,37 @@ def model_cmd(name: str) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def verify_cmd(
-    image: str, model_dir: Path | None, check_name: str | None, matrix: Path | None, result: Path | None, as_json: bool
+    image: str | None,
+    model_dir: Path | None,
+    url: str | None,
+    log_file: Path | None,
+    check_name: str | None,
+    matrix: Path | None,
+    result: Path | None,
+    as_json: bool,
 ) -> None:
-    """Serve IMAGE, check its known answers and measure its speed."""
+    """Serve IMAGE (or check the server at --url): its known answers, its kernel path, its speed."""
     from builder import matrix as matrix_mod
     from builder import pipeline, verify
-    from builder.engine import Engine
 
+    if (image is None) == (url is None):
+        raise ConfigError("verify: give an IMAGE to serve, or --url of a running server (with --check NAME), not both")
+    if log_file is not None and url is None:
+        raise ConfigError("verify: --log goes with --url (sparkbuild reads the log of a server it starts itself)")
     opts = make_options(matrix=matrix)
-    engine = Engine()
-    labels = engine.inspect(image)["Config"].get("Labels") or {}
-    target_id = labels.get("io.sparkbuild.target")
-    targets = matrix_mod.load(opts.matrix).targets
-    checks = {t.check.name: t.check for t in targets}
-    by_target = {t.id: t.check for t in targets}
-    if check_name is not None:
-        if check_name not in checks:
-            raise ConfigError(f"{opts.matrix}: no check '{check_name}'; known: {', '.join(checks)}")
-        check = checks[check_name]
-    elif target_id in by_target:
-        check = by_target[target_id]
+    checks = {t.check.name: t.check for t in matrix_mod.load(opts.matrix).targets}
+    if check_name is not None and check_name not in checks:
+        raise ConfigError(f"{opts.matrix}: no check '{check_name}'; known: {', '.join(checks)}")
+    if url is not None:
+        if check_name is None:
+            raise ConfigError(f"verify --url: name the check to run with --check NAME (known: {', '.join(checks)})")
+        out = result or opts.out / "url" / "verify.json"
+        run: Callable[[], verify.VerifyResult] = functools.partial(verify.verify_url, url, checks[check_name], out, log_file)
     else:
-        raise ConfigError(f"{image} names no target of {opts.matrix} (label io.sparkbuild.target={target_id}); pass --check NAME")
-    folder = model_dir or model.ensure(opts.cache, check.model)
-    out = result or opts.out / (target_id or "image") / "verify.json"
+        assert image is not None
+        run, out = _verify_image(image, checks, check_name, model_dir, result, opts)
     try:
-        # A Spark image (it names the GPU it is for) serves on the GPU; a CPU image does not.
-        res = verify.verify(
-            engine, image, check, folder, out, gpus="io.sparkbuild.gpu" in labels and labels.get("io.sparkbuild.cuda") != "none"
-        )
+        res = run()
     except VerifyError:
         if as_json and out.is_file():
             click.echo(out.read_text())
@@ -355,7 +366,32 @@ def verify_cmd(
     if as_json:
         emit_json(res.to_json())
     else:
-        click.echo(f"{image}: {pipeline.verify_cell(res)}; result in {out}")
+        click.echo(f"{res.image}: {pipeline.verify_cell(res)}; result in {out}")
+
+
+def _verify_image(
+    image: str, checks: dict[str, Any], check_name: str | None, model_dir: Path | None, result: Path | None, opts: Options
+) -> tuple[Callable[[], VerifyResult], Path]:
+    """How to verify IMAGE: its target's check (from its label) unless one is named, on the GPU for a Spark image."""
+    from builder import matrix as matrix_mod
+    from builder import verify
+    from builder.engine import Engine
+
+    engine = Engine()
+    labels = engine.inspect(image)["Config"].get("Labels") or {}
+    target_id = labels.get("io.sparkbuild.target")
+    by_target = {t.id: t.check for t in matrix_mod.load(opts.matrix).targets}
+    if check_name is not None:
+        check = checks[check_name]
+    elif target_id in by_target:
+        check = by_target[target_id]
+    else:
+        raise ConfigError(f"{image} names no target of {opts.matrix} (label io.sparkbuild.target={target_id}); pass --check NAME")
+    folder = model_dir or model.ensure(opts.cache, check.model)
+    out = result or opts.out / (target_id or "image") / "verify.json"
+    # A Spark image (it names the GPU it is for) serves on the GPU; a CPU image does not.
+    gpus = "io.sparkbuild.gpu" in labels and labels.get("io.sparkbuild.cuda") != "none"
+    return functools.partial(verify.verify, engine, image, check, folder, out, gpus=gpus), out
 
 
 @cli.command("publish")

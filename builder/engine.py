@@ -129,8 +129,9 @@ class Container:
         code = self._sdk.attrs.get("State", {}).get("ExitCode")
         return None if self._sdk.status in ("created", "running") else int(code)
 
-    def logs(self, tail: int = 40) -> str:
-        data: bytes = self._sdk.logs(tail=tail)
+    def logs(self, tail: int | None = 40) -> str:
+        """The last ``tail`` lines of its output (stdout and stderr), or all of it."""
+        data: bytes = self._sdk.logs(tail="all" if tail is None else tail)
         return data.decode(errors="replace")
 
 

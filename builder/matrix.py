@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from packaging.version import InvalidVersion, Version
 
-from builder import lock, oci, packaged, patch, validate, yamlsrc
+from builder import kernelpath, lock, oci, packaged, patch, validate, yamlsrc
 from builder.errors import ConfigError
 from builder.externals import External
 from builder.model import RECIPES
@@ -129,6 +129,13 @@ class Check:
     bench_threshold_pct: int
     # A target whose speed regressed is published by digest, its readable tags left where they are.
     bench_hold_tags: bool
+    # The kernel path the check expects: per kind (attention, moe, ...), the backends accepted,
+    # as kernel-paths.yaml names them. verify's gate reads the server log for them.
+    kernels: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    @property
+    def expected_kernels(self) -> dict[str, tuple[str, ...]]:
+        return dict(self.kernels)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -801,6 +808,7 @@ CHECK_KEYS = (
     "bench_repeats",
     "bench_threshold_pct",
     "bench_hold_tags",
+    "kernels",
 )
 PROMPT_KEYS = ("name", "api", "prompt", "expect", "max_tokens")
 
@@ -832,10 +840,26 @@ def _checks(doc: Located, defaults_doc: Located, value: Any) -> dict[str, Check]
             bench_repeats=get("bench_repeats", validate.positive_int),
             bench_threshold_pct=get("bench_threshold_pct", validate.positive_int),
             bench_hold_tags=get("bench_hold_tags", validate.boolean),
+            kernels=_kernels(doc, (*path, "kernels"), spec.get("kernels")),
         )
         if not result[name].prompts:
             raise doc.fail((*path, "prompts"), "a check needs at least one prompt with its expected answer")
     return result
+
+
+def _kernels(doc: Located, path: DocPath, value: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``kernels: {moe: [FLASHINFER_CUTLASS, CUTLASS], attention: FLASHINFER}``: per kind, one backend or a list."""
+    if value is None:
+        return ()
+    known = tuple(sorted(kernelpath.kinds()))
+    spec = validate.mapping(doc, path, value, known)
+    result = []
+    for kind, backends in spec.items():
+        names = [backends] if isinstance(backends, str) else backends
+        result.append((kind, tuple(validate.list_of(validate.line)(doc, (*path, kind), names))))
+        if not result[-1][1]:
+            raise doc.fail((*path, kind), f"name at least one backend that '{kind}' may use")
+    return tuple(result)
 
 
 def _prompt(doc: Located, path: DocPath, value: dict[str, Any]) -> Prompt:

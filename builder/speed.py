@@ -38,7 +38,7 @@ def window_of(model: Path, check: Check) -> int:
     return benchmark.context_window(config if isinstance(config, dict) else {}, check.serve_args)
 
 
-def measure(engine: Engine, image: str, check: Check, model: Path, *, port: int, served_name: str, folder: Path) -> Benchmark:
+def measure(engine: Engine, image: str, check: Check, model: Path, *, url: str, served_name: str, folder: Path) -> Benchmark:
     """Every scenario at every level of ``check.concurrency``, ``check.bench_repeats`` times; the
     medians. Raises VerifyError where a run fails or its figures are inconsistent."""
     window = window_of(model, check)
@@ -50,16 +50,16 @@ def measure(engine: Engine, image: str, check: Check, model: Path, *, port: int,
     for level in check.concurrency:
         began = time.monotonic()
         runs = [r for r in every if r.concurrency == level]
-        results += _level(engine, image, runs, model, port=port, served_name=served_name, folder=folder)
+        results += _level(engine, image, runs, model, url=url, served_name=served_name, folder=folder)
         per_level[level] = time.monotonic() - began
     return benchmark.combine(results, window, time.monotonic() - start, per_level)
 
 
 def _level(
-    engine: Engine, image: str, runs: list[Run], model: Path, *, port: int, served_name: str, folder: Path
+    engine: Engine, image: str, runs: list[Run], model: Path, *, url: str, served_name: str, folder: Path
 ) -> list[tuple[Run, Figures]]:
-    """One level's runs in one container; each one's figures, checked."""
-    url = f"http://127.0.0.1:{port}"
+    """One level's runs in one container (on the host network: ``url`` is the server's there);
+    each one's figures, checked."""
     lists = [benchmark.arguments(r, url=url, model=served_name, tokenizer=TOKENIZER, result_dir=RESULTS) for r in runs]
     listing = folder / f"runs-c{runs[0].concurrency}.json"
     listing.write_text(json.dumps(lists, indent=1) + "\n")

@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import requests
 
-from builder import log, speed
+from builder import kernelpath, log, speed
 from builder.benchmark import Benchmark
 from builder.engine import Container, Engine
 from builder.errors import VerifyError
@@ -24,6 +25,8 @@ from builder.matrix import Check, Prompt
 from builder.registry import free_port
 
 MODEL_NAME = "sparkbuild-check"
+# The server's whole log, beside verify.json: what the kernel-path gate read.
+SERVER_LOG = "server.log"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,12 +49,16 @@ class VerifyResult:
     check: str
     startup_s: float
     answers: tuple[Answer, ...]
-    # vllm bench serve's figures; None where an answer was wrong (nothing worth timing).
+    # vllm bench serve's figures; None where an answer was wrong (nothing worth timing) or there
+    # was no image to run the benchmark from (verify --url).
     benchmark: Benchmark | None = None
+    # What the server said it is (GET /version), and the kernels it chose where the check expects some.
+    vllm_version: str = ""
+    kernels: tuple[kernelpath.Chosen, ...] = field(default=())
 
     @property
     def ok(self) -> bool:
-        return all(a.ok for a in self.answers)
+        return all(a.ok for a in self.answers) and all(k.ok for k in self.kernels)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -59,12 +66,13 @@ class VerifyResult:
         data["ok"] = self.ok
         for answer, raw in zip(self.answers, data["answers"], strict=True):
             raw["ok"] = answer.ok
+        data["kernels"] = [k.to_json() for k in self.kernels]
         return data
 
 
 def verify(engine: Engine, image: str, check: Check, model: Path, result_file: Path, *, gpus: bool = False) -> VerifyResult:
     """Run the check against ``image`` (given every GPU when ``gpus``: a Spark image); writes
-    ``result_file`` and raises on a wrong answer."""
+    ``result_file`` and the server's log beside it, and raises on a wrong answer or kernel path."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [
@@ -81,25 +89,139 @@ def verify(engine: Engine, image: str, check: Check, model: Path, result_file: P
     with engine.run(image, command, name=name, mounts={model.resolve(): "/model"}, gpus=gpus) as container:
         with log.step(f"Waiting for {image} to serve on {url}"):
             startup = wait_healthy(container, url, check.startup_timeout)
-        answers = tuple(ask(url, prompt) for prompt in check.prompts)
-        for a in answers:
-            log.info(f"  {a.name} ({a.api}): {a.prompt!r} -> {a.received!r} [{'ok' if a.ok else 'WRONG'}]")
-        bench: Benchmark | None = None
-        if all(a.ok for a in answers):
-            levels = ", ".join(map(str, check.concurrency))
-            with log.step(f"vllm bench serve: decode, prefill, queueing at concurrency {levels}, x{check.bench_repeats}"):
-                folder = result_file.parent / "bench"
-                bench = speed.measure(engine, image, check, model, port=port, served_name=MODEL_NAME, folder=folder)
-    result = VerifyResult(image=image, model=str(model), check=check.name, startup_s=startup, answers=answers, benchmark=bench)
+        folder = result_file.parent / "bench"
+        server = Server(
+            url=url,
+            model=MODEL_NAME,
+            read_log=lambda: container.logs(tail=None),
+            benchmark=lambda: speed.measure(engine, image, check, model, url=url, served_name=MODEL_NAME, folder=folder),
+        )
+        result = run_check(
+            server,
+            check,
+            image=image,
+            model=str(model),
+            startup=startup,
+            result_file=result_file,
+        )
+    return require(result, result_file)
+
+
+def verify_url(url: str, check: Check, result_file: Path, log_file: Path | None = None) -> VerifyResult:
+    """Run the check against a server already running at ``url`` (a deployment after a rollout):
+    answers and, from ``log_file``, the kernel-path gate. No benchmark: ``vllm bench serve`` runs
+    from the image under test, and there is none here."""
+    url = url.rstrip("/")
+    try:
+        healthy = requests.get(f"{url}/health", timeout=10).status_code == 200
+    except requests.RequestException as exc:
+        reason = type(exc).__name__
+        raise VerifyError(f"cannot reach {url}/health ({reason}): is the server running, is the URL http://HOST:PORT?") from None
+    if not healthy:
+        raise VerifyError(f"{url}/health does not answer 200: the server is not ready (or it is not vLLM)")
+    name = served_model(url)
+    read_log = None if log_file is None else (lambda: log_file.read_text(errors="replace"))
+    server = Server(url=url, model=name, read_log=read_log)
+    return require(run_check(server, check, image=url, model=name, startup=0.0, result_file=result_file), result_file)
+
+
+def served_model(url: str) -> str:
+    """The model the server serves (GET /v1/models): the name requests must use."""
+    try:
+        response = requests.get(f"{url}/v1/models", timeout=10)
+        response.raise_for_status()
+        return str(response.json()["data"][0]["id"])
+    except (requests.RequestException, KeyError, IndexError, ValueError, TypeError) as exc:
+        raise VerifyError(f"GET {url}/v1/models failed ({exc}): a vLLM server lists the model it serves there") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Server:
+    """A server to check: where it answers, the model name it serves, how to read its log (None:
+    not readable, as for a server sparkbuild did not start and no log file was given), and how to
+    benchmark it (None: no image to run ``vllm bench serve`` from)."""
+
+    url: str
+    model: str
+    read_log: Callable[[], str] | None
+    benchmark: Callable[[], Benchmark] | None = None
+
+
+def run_check(server: Server, check: Check, *, image: str, model: str, startup: float, result_file: Path) -> VerifyResult:
+    """Answers, the benchmark where they are right, and the kernel-path gate; the result is written
+    to ``result_file`` (and the server's log beside it), not judged."""
+    version = server_version(server.url)
+    answers = tuple(ask(server.url, prompt, server.model) for prompt in check.prompts)
+    for a in answers:
+        log.info(f"  {a.name} ({a.api}): {a.prompt!r} -> {a.received!r} [{'ok' if a.ok else 'WRONG'}]")
+    bench: Benchmark | None = None
+    if not all(a.ok for a in answers):
+        pass  # a wrong answer: nothing worth timing
+    elif server.benchmark is None:
+        log.info("  no image to run vllm bench serve from: speed not measured")
+    else:
+        levels = ", ".join(map(str, check.concurrency))
+        with log.step(f"vllm bench serve: decode, prefill, queueing at concurrency {levels}, x{check.bench_repeats}"):
+            bench = server.benchmark()
+    kernels = _gate(server, check, version, result_file.parent / SERVER_LOG)
+    result = VerifyResult(
+        image=image,
+        model=model,
+        check=check.name,
+        startup_s=startup,
+        answers=answers,
+        benchmark=bench,
+        vllm_version=version,
+        kernels=kernels,
+    )
     result_file.parent.mkdir(parents=True, exist_ok=True)
     result_file.write_text(json.dumps(result.to_json(), indent=2) + "\n")
-    wrong = [a for a in answers if not a.ok]
-    if wrong:
-        lines = "\n".join(
-            f"  {a.name} ({a.api}): prompt {a.prompt!r}: expected {a.expected!r}, received {a.received!r}" for a in wrong
-        )
-        raise VerifyError(f"{image} gave {len(wrong)} wrong answer(s) of {len(answers)}:\n{lines}\nresult: {result_file}")
     return result
+
+
+def _gate(server: Server, check: Check, version: str, log_file: Path) -> tuple[kernelpath.Chosen, ...]:
+    """The kernels vLLM chose, from its log (saved to ``log_file``), for the kinds the check expects."""
+    text = server.read_log() if server.read_log is not None else None
+    if text is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        log_file.write_text(text)
+    if not check.kernels:
+        return ()
+    if text is None:
+        raise VerifyError(
+            f"check {check.name} expects kernel paths ({', '.join(k for k, _ in check.kernels)}), which are read from the "
+            "server's startup log: give it with --log FILE (for a container: docker logs NAME > FILE 2>&1)"
+        )
+    chosen = tuple(kernelpath.gate(check.expected_kernels, text, version))
+    log.info(f"  kernel path (vLLM {version}): {kernelpath.text(chosen)}")
+    return chosen
+
+
+def require(result: VerifyResult, result_file: Path) -> VerifyResult:
+    """Raise, naming every wrong answer and every unexpected kernel, unless the result is ok."""
+    problems = [
+        f"  {a.name} ({a.api}): prompt {a.prompt!r}: expected {a.expected!r}, received {a.received!r}"
+        for a in result.answers
+        if not a.ok
+    ]
+    if problems:
+        problems.insert(0, f"{result.image} gave {len(problems)} wrong answer(s) of {len(result.answers)}:")
+    gate = kernelpath.failures(result.kernels, result.vllm_version)
+    if gate:
+        problems += [f"{result.image}: kernel-path gate failed:", *gate, f"  the server's log: {result_file.parent / SERVER_LOG}"]
+    if problems:
+        raise VerifyError("\n".join([*problems, f"result: {result_file}"]))
+    return result
+
+
+def server_version(url: str) -> str:
+    """The vLLM version the server reports (GET /version): which log patterns the gate reads."""
+    try:
+        response = requests.get(f"{url}/version", timeout=10)
+        response.raise_for_status()
+        return str(response.json()["version"])
+    except (requests.RequestException, KeyError, ValueError, TypeError) as exc:
+        raise VerifyError(f"GET {url}/version failed ({exc}): is it a vLLM server?") from None
 
 
 def wait_healthy(container: Container, url: str, timeout: int) -> float:
@@ -120,15 +242,15 @@ def wait_healthy(container: Container, url: str, timeout: int) -> float:
     raise VerifyError(f"the server was not healthy after {timeout}s; its last log lines:\n{container.logs(40)}")
 
 
-def _body(prompt: Prompt, max_tokens: int) -> tuple[str, dict[str, Any]]:
-    common: dict[str, Any] = {"model": MODEL_NAME, "max_tokens": max_tokens, "temperature": 0}
+def _body(prompt: Prompt, max_tokens: int, model: str = MODEL_NAME) -> tuple[str, dict[str, Any]]:
+    common: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": 0}
     if prompt.api == "chat":
         return "/v1/chat/completions", {**common, "messages": [{"role": "user", "content": prompt.prompt}]}
     return "/v1/completions", {**common, "prompt": prompt.prompt}
 
 
-def ask(url: str, prompt: Prompt) -> Answer:
-    path, body = _body(prompt, prompt.max_tokens)
+def ask(url: str, prompt: Prompt, model: str = MODEL_NAME) -> Answer:
+    path, body = _body(prompt, prompt.max_tokens, model)
     try:
         response = requests.post(url + path, json=body, timeout=120)
         response.raise_for_status()

@@ -59,7 +59,8 @@ def serving(engine: Engine, image: str, folder: Path, check: Check, *extra: str)
 
 def measure(engine: Engine, image: str, check: Check, folder: Path, out: Path, *extra: str) -> Benchmark:
     with serving(engine, image, folder, check, *extra) as port:
-        return speed.measure(engine, image, check, folder, port=port, served_name=verify.MODEL_NAME, folder=out)
+        url = f"http://127.0.0.1:{port}"
+        return speed.measure(engine, image, check, folder, url=url, served_name=verify.MODEL_NAME, folder=out)
 
 
 def test_the_tiny_models_figures_are_consistent_at_every_level(
