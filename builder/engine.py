@@ -347,15 +347,28 @@ class Engine:
                     found[path] = _single_file(buffer)
         return found
 
-    def output(self, image: str, command: Sequence[str], *, timeout_s: float = 300) -> str:
-        """Run ``command`` in ``image`` (no network, its entrypoint replaced) to its end; its stdout.
-        The container is always removed; a non-zero exit is an EngineError with its output."""
-        args = ["docker", "run", "--rm", "--network", "none", "--entrypoint", command[0], image, *command[1:]]
+    def output(
+        self,
+        image: str,
+        command: Sequence[str],
+        *,
+        timeout_s: float = 300,
+        network: str = "none",
+        mounts: Mapping[Path, tuple[str, str]] = {},
+    ) -> str:
+        """Run ``command`` in ``image`` (no network unless ``network`` names one, its entrypoint
+        replaced; ``mounts``: host folder -> (path, "ro" or "rw")) to its end; its stdout. The
+        container is always removed; a non-zero exit is an EngineError with its output."""
+        shown = [f"--volume={src}:{dst}:{mode}" for src, (dst, mode) in mounts.items()]
+        args = ["docker", "run", "--rm", "--network", network, *shown, "--entrypoint", command[0], image, *command[1:]]
         log.info(cmd.show(args) + "  (SDK)")
+        volumes = {str(src): {"bind": dst, "mode": mode} for src, (dst, mode) in mounts.items()}
         held = signals.Held()
         try:
             with held:
-                container = self.client.containers.create(image, list(command[1:]), entrypoint=[command[0]], network_mode="none")
+                container = self.client.containers.create(
+                    image, list(command[1:]), entrypoint=[command[0]], network_mode=network, volumes=volumes
+                )
         except docker.errors.APIError as exc:
             raise EngineError(f"could not create a container from {image}: {exc.explanation}") from None
         try:

@@ -106,6 +106,11 @@ def _provenance_lines(statement: Mapping[str, Any] | None) -> list[str]:
     return lines
 
 
+def _rate(value: float | None) -> str:
+    """A per-request rate; None where tokens reached the client in bursts (builder/benchmark.py)."""
+    return "bursts" if value is None else f"{value:.0f}"
+
+
 def _verify_lines(result: Mapping[str, Any] | None) -> list[str]:
     if result is None:
         return ["  verify: none attached"]
@@ -115,10 +120,12 @@ def _verify_lines(result: Mapping[str, Any] | None) -> list[str]:
         f"  verify: {'ok' if result.get('ok') else 'FAILED'}, {good}/{len(answers)} answers "
         f"(check {result.get('check')}, started in {result.get('startup_s', 0):.1f}s)"
     ]
+    bench = result.get("benchmark") or {}
     lines += [
-        f"    bench c={b['concurrency']}: TTFT p50 {b['ttft_ms_p50']:.0f} ms, decode {b['decode_tokens_per_s_p50']:.0f} tok/s, "
-        f"total {b['total_tokens_per_s']:.0f} tok/s ({b['requests']} requests)"
-        for b in result.get("bench") or ()
+        f"    {lv['scenario']} c={lv['concurrency']}: TTFT p50 {f['ttft_ms_p50']:.0f} ms p99 {f['ttft_ms_p99']:.0f} ms, "
+        f"{_rate(f['tokens_per_s_per_request'])} tok/s per request, {f['tokens_per_s']:.0f} in all ({f['requests']} requests)"
+        for lv in bench.get("levels") or ()
+        for f in (lv["figures"],)
     ]
     return lines
 

@@ -134,8 +134,13 @@ class Check:
     serve_args: tuple[str, ...]
     prompts: tuple[Prompt, ...]
     concurrency: tuple[int, ...]
-    bench_max_tokens: int
     startup_timeout: int
+    # The benchmark (builder/benchmark.py): each figure is the median of this many runs.
+    bench_repeats: int
+    # A figure changed by less than this (percent) or twice its repeats' spread is noise.
+    bench_threshold_pct: int
+    # A target whose speed regressed is published by digest, its readable tags left where they are.
+    bench_hold_tags: bool
     # The kernel path the check expects: per kind (attention, moe, ...), the backends accepted,
     # as kernel-paths.yaml names them. verify's gate reads the server log for them.
     kernels: tuple[tuple[str, tuple[str, ...]], ...] = ()
@@ -812,7 +817,17 @@ def target_id(vllm_version: str, cuda: str | None, arch_list: str, platform: str
 
 # --- checks and bases ------------------------------------------------------------------------
 
-CHECK_KEYS = ("model", "serve_args", "prompts", "concurrency", "bench_max_tokens", "startup_timeout", "kernels")
+CHECK_KEYS = (
+    "model",
+    "serve_args",
+    "prompts",
+    "concurrency",
+    "startup_timeout",
+    "bench_repeats",
+    "bench_threshold_pct",
+    "bench_hold_tags",
+    "kernels",
+)
 PROMPT_KEYS = ("name", "api", "prompt", "expect", "contains", "regex", "max_tokens")
 EXPECT_KEYS: dict[str, Literal["exact", "contains", "regex"]] = {"expect": "exact", "contains": "contains", "regex": "regex"}
 
@@ -840,8 +855,10 @@ def _checks(doc: Located, defaults_doc: Located, value: Any) -> dict[str, Check]
                 for i, p in enumerate(validate.list_of_maps(doc, (*path, "prompts"), prompts))
             ),
             concurrency=get("concurrency", validate.list_of(validate.positive_int)),
-            bench_max_tokens=get("bench_max_tokens", validate.positive_int),
             startup_timeout=get("startup_timeout", validate.positive_int),
+            bench_repeats=get("bench_repeats", validate.positive_int),
+            bench_threshold_pct=get("bench_threshold_pct", validate.positive_int),
+            bench_hold_tags=get("bench_hold_tags", validate.boolean),
             kernels=_kernels(doc, (*path, "kernels"), spec.get("kernels")),
         )
         if not result[name].prompts:

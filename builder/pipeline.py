@@ -8,6 +8,7 @@ first stage: its readable tags move, nothing is built.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import sys
 import tempfile
@@ -23,6 +24,9 @@ from pathlib import Path
 
 from builder import (
     attest,
+    baseline,
+    benchmark,
+    benchreport,
     build,
     checkmodel,
     closure,
@@ -34,6 +38,7 @@ from builder import (
     plan,
     preflight,
     publish,
+    regression,
     runlock,
     summary,
     verify,
@@ -56,13 +61,15 @@ class Status(StrEnum):
     VERIFYING = "verifying"
     PUBLISHING = "publishing"
     PUBLISHED = "published"
+    # Published by digest, slower than its baseline (readable tags held where the check says so).
+    REGRESSED = "regressed"
     UP_TO_DATE = "up to date"
     FAILED = "failed"
     INTERRUPTED = "interrupted"
     NOT_RUN = "not run"
 
 
-DONE = (Status.PUBLISHED, Status.UP_TO_DATE)
+DONE = (Status.PUBLISHED, Status.UP_TO_DATE, Status.REGRESSED)
 
 
 @dataclass
@@ -89,6 +96,12 @@ class TargetRun:
     signature: str | None = None
     # When its stages began (the provenance's startedOn).
     started: datetime | None = None
+    # The regression gate's answer on this image's speed, and what it was compared with.
+    gate: regression.Gate | None = None
+    baseline: benchmark.Benchmark | None = None
+    # The benchmark as a person reads it: a plain-text table and a plot.
+    speed_table: str | None = None
+    plot: Path | None = None
 
     def row(self) -> dict[str, object]:
         source = source_of(self.plan.target)
@@ -108,6 +121,14 @@ class TargetRun:
             "verify": verify_cell(self.result)
             if self.result
             else ("(verified when first published)" if self.status == Status.UP_TO_DATE else "-"),
+            "speed": None
+            if self.gate is None
+            else {
+                "verdict": self.gate.verdict,
+                "baseline_of": self.gate.baseline_of,
+                "table": self.speed_table,
+                "plot": str(self.plot),
+            },
             "seconds": round(self.seconds, 1),
             "stages": [s.to_json() for s in self.stages],
             "error": self.error,
@@ -211,14 +232,47 @@ def verify_image(ctx: Context, run: TargetRun) -> bool:
     model_dir = checkmodel.provide(ctx.opts.cache, check)
     gpus = run.plan.target.profile == "spark"
     run.result = verify.verify(ctx.engine, run.image, check, model_dir, ctx.opts.out / run.plan.id / "verify.json", gpus=gpus)
+    if run.result.benchmark is not None:
+        judge_speed(ctx, run, run.result.benchmark)
     return True
+
+
+def judge_speed(ctx: Context, run: TargetRun, measured: benchmark.Benchmark) -> None:
+    """Compare the image's speed with the baseline of the target's last published image; write the
+    gate's answer, the table and the plot beside verify.json."""
+    found = baseline.read(ctx.registry, run.plan)
+    run.baseline = found.benchmark if found else None
+    check = run.plan.target.check
+    run.gate = regression.compare(
+        measured, run.baseline, threshold_pct=check.bench_threshold_pct, baseline_of=found.image if found else None
+    )
+    folder = ctx.opts.out / run.plan.id
+    run.speed_table = benchreport.table(measured, run.baseline, run.gate, check.model)
+    run.plot = benchreport.plot(measured, run.baseline, folder, title=f"{run.plan.id} ({check.name}): vllm bench serve")
+    fsutil.write_text(folder / "speed.json", json.dumps(run.gate.to_json(), indent=2) + "\n")
+    log.info(f"{run.speed_table}\nplot: {run.plot}")
 
 
 def publish_image(ctx: Context, run: TargetRun) -> bool:
     assert run.image is not None
     run.status = Status.PUBLISHING
-    published = publish.push(ctx.engine, ctx.registry, run.plan, run.image, evidence=evidence(ctx, run), signer=ctx.opts.signer)
+    regressed = run.gate is not None and run.gate.verdict == "regressed"
+    hold = regressed and run.plan.target.check.bench_hold_tags
+    # Held: pushed by digest with its documents, no readable tag and not last-good.
+    held_plan = dataclasses.replace(run.plan, tags=()) if hold else run.plan
+    published = publish.push(
+        ctx.engine, ctx.registry, held_plan, run.image, verified=not hold, evidence=evidence(ctx, run), signer=ctx.opts.signer
+    )
     run.digest, run.status, run.signature = published.digest, Status.PUBLISHED, published.signature
+    if run.gate is not None and run.result is not None and run.result.benchmark is not None:
+        following = regression.next_baseline(run.result.benchmark, run.baseline, run.gate)
+        baseline.attach(ctx.registry, run.plan, published.digest, following, datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    if regressed:
+        assert run.gate is not None
+        run.status = Status.REGRESSED
+        held = f"; readable tags not moved ({', '.join(run.plan.tags)})" if hold else ""
+        run.error = f"speed regressed against {run.gate.baseline_of}: {run.gate.reason()}{held}"
+        log.error(f"{run.plan.id}: {run.error}")
     return True
 
 
@@ -358,9 +412,10 @@ def report(opts: Options, lane: str, runs: list[TargetRun], elapsed: float, *, t
 def verify_cell(result: verify.VerifyResult) -> str:
     good = sum(a.ok for a in result.answers)
     text = f"{good}/{len(result.answers)} answers"
-    if result.bench:
-        first = result.bench[0]
-        text += f", c={first.concurrency}: TTFT {first.ttft_ms_p50:.0f} ms, {first.decode_tokens_per_s_p50:.0f} tok/s"
+    first = result.benchmark.levels[0] if result.benchmark and result.benchmark.levels else None
+    if first is not None:
+        f = first.figures
+        text += f", {first.scenario} c={first.concurrency}: TTFT {f.ttft_ms_p50:.0f} ms, {f.tokens_per_s:.0f} tok/s"
     return text
 
 
@@ -371,4 +426,5 @@ def patch_cell(results: tuple[patch.Result, ...] | None) -> str:
 def summary_table(runs: list[TargetRun]) -> str:
     """A Markdown table a person reads at a glance (and GitHub renders); ``summary`` draws it from
     the rows of summary.json, so a fanned-out lane's merged table looks the same."""
-    return summary.table([r.row() for r in runs])
+    rows = [r.row() for r in runs]
+    return "\n\n".join(filter(None, (summary.table(rows), summary.speeds(rows))))

@@ -35,11 +35,25 @@ ROW_KEYS = (
     "closure",
     "preflight",
     "verify",
+    "speed",
     "seconds",
     "stages",
     "error",
 )
-HEADER = ("target", "vLLM", "commit", "patches", "preflight", "image tag", "digest", "signed", "verify", "status", "time")
+HEADER = (
+    "target",
+    "vLLM",
+    "commit",
+    "patches",
+    "preflight",
+    "image tag",
+    "digest",
+    "signed",
+    "verify",
+    "speed",
+    "status",
+    "time",
+)
 MISSING = "no summary (job failed before the lane wrote one)"
 NOTHING_TO_DO = "nothing to do"
 # A summary.json holds a few rows: far below this.
@@ -65,6 +79,7 @@ def cells(row: Row) -> tuple[str, ...]:
         str(row["digest"] or "-")[:19],
         str(row["signature"] or "-"),
         str(row["verify"]),
+        speed_cell(row.get("speed")),
         status if failed_at is None else f"{status} ({failed_at})",
         "-" if seconds is None else log.format_seconds(float(seconds)),
     )
@@ -79,6 +94,21 @@ def table(rows: Sequence[Row]) -> str:
         return "| " + " | ".join(c.ljust(w) for c, w in zip(values, widths, strict=True)) + " |"
 
     return "\n".join([line(HEADER), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, lines)])
+
+
+def speed_cell(speed: dict[str, Any] | None) -> str:
+    """The regression gate's verdict (``regressed``, ``ok``, ``improved``, ``no baseline``)."""
+    return str(speed["verdict"]) if speed else "-"
+
+
+def speeds(rows: Sequence[Row]) -> str:
+    """Each benchmarked target's figures per level beside its baseline, and where its plot is."""
+    parts = [
+        f"### {r['target']}: speed ({r['speed']['verdict']})\n\n```\n{r['speed']['table']}\n```\nplot: {r['speed']['plot']}"
+        for r in rows
+        if r.get("speed")
+    ]
+    return "\n\n".join(parts)
 
 
 def reasons(rows: Sequence[Row]) -> str:

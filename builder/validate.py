@@ -93,6 +93,12 @@ def positive_int(doc: Located, path: DocPath, value: Any) -> int:
     raise doc.fail(path, f"expected a positive whole number, got {type_name(value)}")
 
 
+def boolean(doc: Located, path: DocPath, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise doc.fail(path, f"expected true or false, got {type_name(value)}")
+
+
 def list_of(item: Validator) -> Validator:
     def check(doc: Located, path: DocPath, value: Any) -> tuple[Any, ...]:
         if not isinstance(value, list):

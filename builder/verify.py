@@ -1,7 +1,8 @@
 """Verify stage: serve the image's OpenAI-compatible API, check known answers, measure speed.
 
 Answers are greedy (temperature 0) so a right build gives exactly the expected text. Speed is
-measured by streaming: time to first token, and decode tokens/s after it, at each concurrency.
+measured with vLLM's own benchmark, run from the image against its server (``builder.speed``):
+decode, prefill and queueing at each concurrency level of the check.
 """
 
 from __future__ import annotations
@@ -9,17 +10,16 @@ from __future__ import annotations
 import json
 import re
 import secrets
-import statistics
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import requests
 
-from builder import kernelpath, log
+from builder import kernelpath, log, speed
+from builder.benchmark import Benchmark
 from builder.engine import Container, Engine
 from builder.errors import VerifyError
 from builder.matrix import Check, Prompt
@@ -49,30 +49,15 @@ class Answer:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Sample:
-    ttft_s: float
-    decode_tokens_per_s: float
-    tokens: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class Bench:
-    concurrency: int
-    ttft_ms_p50: float
-    ttft_ms_max: float
-    decode_tokens_per_s_p50: float
-    total_tokens_per_s: float
-    requests: int
-
-
-@dataclass(frozen=True, kw_only=True)
 class VerifyResult:
     image: str
     model: str
     check: str
     startup_s: float
     answers: tuple[Answer, ...]
-    bench: tuple[Bench, ...] = field(default=())
+    # vllm bench serve's figures; None where an answer was wrong (nothing worth timing) or there
+    # was no image to run the benchmark from (verify --url).
+    benchmark: Benchmark | None = None
     # What the server said it is (GET /version), and the kernels it chose where the check expects some.
     vllm_version: str = ""
     kernels: tuple[kernelpath.Chosen, ...] = field(default=())
@@ -83,6 +68,7 @@ class VerifyResult:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
+        data["benchmark"] = self.benchmark.to_json() if self.benchmark else None
         data["ok"] = self.ok
         for answer, raw in zip(self.answers, data["answers"], strict=True):
             raw["ok"] = answer.ok
@@ -109,8 +95,15 @@ def verify(engine: Engine, image: str, check: Check, model: Path, result_file: P
     with engine.run(image, command, name=name, mounts={model.resolve(): "/model"}, gpus=gpus) as container:
         with log.step(f"Waiting for {image} to serve on {url}"):
             startup = wait_healthy(container, url, check.startup_timeout)
+        folder = result_file.parent / "bench"
+        server = Server(
+            url=url,
+            model=MODEL_NAME,
+            read_log=lambda: container.logs(tail=None),
+            benchmark=lambda: speed.measure(engine, image, check, model, url=url, served_name=MODEL_NAME, folder=folder),
+        )
         result = run_check(
-            Server(url=url, model=MODEL_NAME, read_log=lambda: container.logs(tail=None)),
+            server,
             check,
             image=image,
             model=str(model),
@@ -122,7 +115,8 @@ def verify(engine: Engine, image: str, check: Check, model: Path, result_file: P
 
 def verify_url(url: str, check: Check, result_file: Path, log_file: Path | None = None) -> VerifyResult:
     """Run the check against a server already running at ``url`` (a deployment after a rollout):
-    answers, benchmark and, from ``log_file``, the kernel-path gate."""
+    answers and, from ``log_file``, the kernel-path gate. No benchmark: ``vllm bench serve`` runs
+    from the image under test, and there is none here."""
     url = url.rstrip("/")
     try:
         healthy = requests.get(f"{url}/health", timeout=10).status_code == 200
@@ -150,11 +144,13 @@ def served_model(url: str) -> str:
 @dataclass(frozen=True, kw_only=True)
 class Server:
     """A server to check: where it answers, the model name it serves, how to read its log (None:
-    not readable, as for a server sparkbuild did not start and no log file was given)."""
+    not readable, as for a server sparkbuild did not start and no log file was given), and how to
+    benchmark it (None: no image to run ``vllm bench serve`` from)."""
 
     url: str
     model: str
     read_log: Callable[[], str] | None
+    benchmark: Callable[[], Benchmark] | None = None
 
 
 def run_check(server: Server, check: Check, *, image: str, model: str, startup: float, result_file: Path) -> VerifyResult:
@@ -164,11 +160,15 @@ def run_check(server: Server, check: Check, *, image: str, model: str, startup: 
     answers = tuple(ask(server.url, prompt, server.model) for prompt in check.prompts)
     for a in answers:
         log.info(f"  {a.name} ({a.api}): {a.prompt!r} -> {a.received!r} [{'ok' if a.ok else 'WRONG'}]")
-    bench: tuple[Bench, ...] = ()
-    if all(a.ok for a in answers):
-        with log.step(f"Benchmark at concurrency {', '.join(map(str, check.concurrency))}"):
-            first = check.prompts[0]
-            bench = tuple(measure(server.url, first, c, check.bench_max_tokens, server.model) for c in check.concurrency)
+    bench: Benchmark | None = None
+    if not all(a.ok for a in answers):
+        pass  # a wrong answer: nothing worth timing
+    elif server.benchmark is None:
+        log.info("  no image to run vllm bench serve from: speed not measured")
+    else:
+        levels = ", ".join(map(str, check.concurrency))
+        with log.step(f"vllm bench serve: decode, prefill, queueing at concurrency {levels}, x{check.bench_repeats}"):
+            bench = server.benchmark()
     kernels = _gate(server, check, version, result_file.parent / SERVER_LOG)
     result = VerifyResult(
         image=image,
@@ -176,7 +176,7 @@ def run_check(server: Server, check: Check, *, image: str, model: str, startup: 
         check=check.name,
         startup_s=startup,
         answers=answers,
-        bench=bench,
+        benchmark=bench,
         vllm_version=version,
         kernels=kernels,
     )
@@ -267,46 +267,3 @@ def ask(url: str, prompt: Prompt, model: str = MODEL_NAME) -> Answer:
     return Answer(
         name=prompt.name, api=prompt.api, prompt=prompt.prompt, expected=prompt.expect, received=text or "", match=prompt.match
     )
-
-
-def stream_once(url: str, prompt: Prompt, max_tokens: int, model: str = MODEL_NAME) -> Sample:
-    path, body = _body(prompt, max_tokens, model)
-    body.update(stream=True, ignore_eos=True, stream_options={"include_usage": True})
-    start = time.perf_counter()
-    first = last = 0.0
-    tokens = 0
-    with requests.post(url + path, json=body, stream=True, timeout=300) as response:
-        response.raise_for_status()
-        for line in response.iter_lines():
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if event.get("usage"):
-                tokens = int(event["usage"]["completion_tokens"])
-            if event.get("choices"):
-                last = time.perf_counter()
-                first = first or last
-    if not first:
-        raise VerifyError(f"streaming {path} returned no tokens")
-    decode = (tokens - 1) / (last - first) if tokens > 1 and last > first else 0.0
-    return Sample(ttft_s=first - start, decode_tokens_per_s=decode, tokens=tokens)
-
-
-def measure(url: str, prompt: Prompt, concurrency: int, max_tokens: int, model: str = MODEL_NAME) -> Bench:
-    start = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        samples = list(pool.map(lambda _: stream_once(url, prompt, max_tokens, model), range(concurrency)))
-    wall = time.perf_counter() - start
-    bench = Bench(
-        concurrency=concurrency,
-        ttft_ms_p50=round(statistics.median(s.ttft_s for s in samples) * 1000, 1),
-        ttft_ms_max=round(max(s.ttft_s for s in samples) * 1000, 1),
-        decode_tokens_per_s_p50=round(statistics.median(s.decode_tokens_per_s for s in samples), 1),
-        total_tokens_per_s=round(sum(s.tokens for s in samples) / wall, 1),
-        requests=concurrency,
-    )
-    log.info(
-        f"  c={concurrency}: TTFT p50 {bench.ttft_ms_p50} ms, decode p50 {bench.decode_tokens_per_s_p50} tok/s, "
-        f"total {bench.total_tokens_per_s} tok/s"
-    )
-    return bench

@@ -20,12 +20,12 @@ from typing import Any
 import docker.errors
 import pytest
 
-from builder import attest, pipeline, plan, provenance, publish, referrers, sbom
+from builder import attest, benchmark, pipeline, plan, provenance, publish, referrers, sbom
 from builder.engine import Engine
 from builder.errors import PublishError
 from builder.options import Options
 from builder.registry import Registry
-from builder.verify import Answer, Bench, VerifyResult
+from builder.verify import Answer, VerifyResult
 from tests.conftest import ROOT
 from tests.unit.cli_runner import sparkbuild
 from tests.unit.test_attest import pinned_spark_plan
@@ -66,10 +66,8 @@ def image(engine: Engine, base: str, spark_plan: plan.TargetPlan, tmp_path: Path
 
 def recorded_verify(path: Path) -> None:
     answer = Answer(name="completion", api="completions", prompt="c d e f", expected=" g h i j", received=" g h i j")
-    bench = Bench(
-        concurrency=1, ttft_ms_p50=41.0, ttft_ms_max=52.0, decode_tokens_per_s_p50=88.0, total_tokens_per_s=80.0, requests=8
-    )
-    result = VerifyResult(image=LOCAL, model="alphabet", check="alphabet", startup_s=21.5, answers=(answer,), bench=(bench,))
+    bench = benchmark.from_json(json.loads((ROOT / "tests/unit/data/bench/baseline.json").read_text()), "baseline.json")
+    result = VerifyResult(image=LOCAL, model="alphabet", check="alphabet", startup_s=21.5, answers=(answer,), benchmark=bench)
     path.write_text(json.dumps(result.to_json(), indent=2))
 
 
@@ -149,7 +147,7 @@ def check_inspect(registry: Registry, reference: str, p: plan.TargetPlan) -> Non
     assert "SBOM (CycloneDX 1.6)" in text and "deb" in text
     vllm = p.inputs["vllm"]["commit"]
     assert f"from source: vllm {vllm}" in text and f"gitCommit {vllm}" in text
-    assert "verify: ok, 1/1 answers" in text and "bench c=1: TTFT p50 41 ms" in text
+    assert "verify: ok, 1/1 answers" in text and "decode c=1: TTFT p50 14 ms" in text
     as_json = sparkbuild("inspect", reference, "--json")
     assert as_json.code == 0, as_json.err
     report = json.loads(as_json.out)

@@ -168,7 +168,8 @@ def test_verify_url_checks_a_running_server_and_gates_it_from_a_log_file(served:
     result = json.loads(done.out)
     assert result["ok"] and result["image"] == url and result["model"] == "team-alphabet"
     assert [a["received"] for a in result["answers"]] == [" g h i j", " q r s t"]
-    assert result["vllm_version"] == "0.32.0" and len(result["bench"]) == 4
+    # No image to run vllm bench serve from: no speed figures (builder/verify.py verify_url).
+    assert result["vllm_version"] == "0.32.0" and result["benchmark"] is None
 
     # Robust answers: a text the answer contains, a regular expression it matches.
     robust = (ROOT / "matrix.yaml").read_text().replace('expect: " g h i j"', "contains: h i", 1)

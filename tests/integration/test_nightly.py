@@ -67,8 +67,12 @@ def test_first_nightly_wrote_a_verify_result_with_answers_and_speed(nightly: Nig
     data = json.loads(result.read_text())
     assert data["ok"] is True
     assert {a["name"]: a["received"] for a in data["answers"]} == {"completion": " g h i j", "chat": " q r s t"}
-    assert [b["concurrency"] for b in data["bench"]] == [1, 2, 5, 10]
-    assert all(b["decode_tokens_per_s_p50"] > 0 and b["ttft_ms_p50"] > 0 for b in data["bench"])
+    levels = data["benchmark"]["levels"]
+    assert {(lv["scenario"], lv["concurrency"]) for lv in levels} == {
+        (s, c) for s in ("decode", "prefill", "queueing") for c in (1, 2, 5, 10)
+    }
+    assert all(lv["figures"]["tokens_per_s"] > 0 and lv["figures"]["ttft_ms_p50"] > 0 for lv in levels)
+    assert (nightly.out / TARGET / "benchmark.png").is_file()
 
 
 def test_second_nightly_builds_nothing(nightly: Nightlies) -> None:

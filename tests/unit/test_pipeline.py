@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
-from builder import log, patch, pipeline, plan
+from builder import benchmark, log, patch, pipeline, plan
 from builder.errors import BuildError
 from builder.options import Options
 from builder.registry import Registry
-from builder.verify import Answer, Bench, VerifyResult
+from builder.verify import Answer, VerifyResult
 from tests.conftest import ROOT
+
+BASELINE = Path(__file__).parent / "data" / "bench" / "baseline.json"
 
 
 def a_run(status: pipeline.Status) -> pipeline.TargetRun:
@@ -23,30 +26,34 @@ def a_run(status: pipeline.Status) -> pipeline.TargetRun:
         check="alphabet",
         startup_s=1.0,
         answers=(Answer(name="completion", api="completions", prompt="c d e f", expected=" g h i j", received=" g h i j"),),
-        bench=(
-            Bench(
-                concurrency=1,
-                ttft_ms_p50=17.2,
-                ttft_ms_max=18.0,
-                decode_tokens_per_s_p50=591.9,
-                total_tokens_per_s=453.5,
-                requests=1,
-            ),
-        ),
+        benchmark=benchmark.from_json(json.loads(BASELINE.read_text()), "baseline.json"),
     )
     return pipeline.TargetRun(p, status=status, digest="sha256:" + "ab" * 32, result=result, seconds=291.0)
 
 
 def test_summary_table_has_one_row_per_target() -> None:
     table = pipeline.summary_table([a_run(pipeline.Status.PUBLISHED)])
-    header, rule, row = table.splitlines()
+    header, rule, row = table.splitlines()[:3]
     columns = [cell.strip() for cell in header.split("|")[1:-1]]
     assert columns == [
-        *("target", "vLLM", "commit", "patches", "preflight", "image tag", "digest", "signed", "verify", "status", "time")
+        *(
+            "target",
+            "vLLM",
+            "commit",
+            "patches",
+            "preflight",
+            "image tag",
+            "digest",
+            "signed",
+            "verify",
+            "speed",
+            "status",
+            "time",
+        )
     ]
     assert set(rule) <= {"|", "-"}
     assert "vllm-0.32.0-cpu-amd64" in row and "published" in row and "4m51s" in row
-    assert "1/1 answers, c=1: TTFT 17 ms, 592 tok/s" in row
+    assert "1/1 answers, decode c=1: TTFT 14 ms, 241 tok/s" in row
 
 
 def test_the_table_shows_each_patch_status_and_the_commit() -> None:
@@ -163,3 +170,13 @@ def test_a_failed_preflight_names_its_units_in_the_row_and_the_table() -> None:
     table = pipeline.summary_table([run])
     assert "1 units: 0 sass, 0 ptx-only, 1 none; 0/0 patched ok; 1 stubbed; 42s" in table
     assert "failed (preflight)" in table
+
+
+def test_a_row_shows_the_aggregate_where_the_per_request_rate_came_in_bursts() -> None:
+    run = a_run(pipeline.Status.PUBLISHED)
+    assert run.result is not None and run.result.benchmark is not None
+    bench = run.result.benchmark
+    first = bench.levels[0]
+    bursts = dataclasses.replace(first, figures=dataclasses.replace(first.figures, tokens_per_s_per_request=None))
+    run.result = dataclasses.replace(run.result, benchmark=dataclasses.replace(bench, levels=(bursts, *bench.levels[1:])))
+    assert "decode c=1: TTFT 14 ms, 241 tok/s" in pipeline.summary_table([run])

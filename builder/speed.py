@@ -1,0 +1,81 @@
+"""Runs ``vllm bench serve`` from the image under test against the server verify started.
+
+The benchmark is vLLM's own, from the same image as the server (the same vLLM), in a container of
+its own on the host network (where the server listens on 127.0.0.1): one container per
+concurrency level runs that level's scenarios and repeats in one process
+(``resources/vllm_bench.py``: vLLM's own parser and ``main``, as the command runs them). Each run
+saves its result into a folder of the target's output, read back by ``builder.benchmark``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from builder import benchmark, log
+from builder.benchmark import Benchmark, Figures, Run
+from builder.engine import Engine
+from builder.errors import EngineError, VerifyError
+from builder.matrix import Check
+
+# The image's entrypoint starts the server, so it is replaced by its Python and the runner.
+RUNNER = Path(__file__).parent / "resources" / "vllm_bench.py"
+RUNNER_IN_IMAGE = "/sparkbuild/vllm_bench.py"
+RESULTS = "/results"
+TOKENIZER = "/model"
+# One level's runs send a few hundred requests at most; a level that takes longer is stuck.
+LEVEL_TIMEOUT_S = 1800
+
+
+def window_of(model: Path, check: Check) -> int:
+    """The served context window: the model's ``max_position_embeddings``, or a shorter
+    ``--max-model-len`` in the check's serve arguments."""
+    try:
+        config = json.loads((model / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise VerifyError(f"{model}/config.json: {exc}; the benchmark reads the model's context window from it") from None
+    return benchmark.context_window(config if isinstance(config, dict) else {}, check.serve_args)
+
+
+def measure(engine: Engine, image: str, check: Check, model: Path, *, url: str, served_name: str, folder: Path) -> Benchmark:
+    """Every scenario at every level of ``check.concurrency``, ``check.bench_repeats`` times; the
+    medians. Raises VerifyError where a run fails or its figures are inconsistent."""
+    window = window_of(model, check)
+    folder.mkdir(parents=True, exist_ok=True)
+    results: list[tuple[Run, Figures]] = []
+    per_level: dict[int, float] = {}
+    start = time.monotonic()
+    every = benchmark.runs(check.concurrency, window, check.bench_repeats)
+    for level in check.concurrency:
+        began = time.monotonic()
+        runs = [r for r in every if r.concurrency == level]
+        results += _level(engine, image, runs, model, url=url, served_name=served_name, folder=folder)
+        per_level[level] = time.monotonic() - began
+    return benchmark.combine(results, window, time.monotonic() - start, per_level)
+
+
+def _level(
+    engine: Engine, image: str, runs: list[Run], model: Path, *, url: str, served_name: str, folder: Path
+) -> list[tuple[Run, Figures]]:
+    """One level's runs in one container (on the host network: ``url`` is the server's there);
+    each one's figures, checked."""
+    lists = [benchmark.arguments(r, url=url, model=served_name, tokenizer=TOKENIZER, result_dir=RESULTS) for r in runs]
+    listing = folder / f"runs-c{runs[0].concurrency}.json"
+    listing.write_text(json.dumps(lists, indent=1) + "\n")
+    mounts = {model.resolve(): (TOKENIZER, "ro"), folder.resolve(): (RESULTS, "rw"), RUNNER.resolve(): (RUNNER_IN_IMAGE, "ro")}
+    command = ["python3", RUNNER_IN_IMAGE, f"{RESULTS}/{listing.name}"]
+    try:
+        engine.output(image, command, timeout_s=LEVEL_TIMEOUT_S, network="host", mounts=mounts)
+    except EngineError as exc:
+        raise VerifyError(f"vllm bench serve at c={runs[0].concurrency} failed: {exc}") from None
+    done = []
+    for run in runs:
+        figures = benchmark.require_consistent(benchmark.read(folder / f"{run.name}.json"), run)
+        log.info(
+            f"  {run.name}: {figures.tokens_per_s:.1f} tok/s in all, {figures.tokens_per_s_per_request or 'bursts'} per request "
+            f"(TPOT p50 {figures.tpot_ms_p50:.2f} ms), TTFT p50 {figures.ttft_ms_p50:.1f} ms p99 {figures.ttft_ms_p99:.1f} ms, "
+            f"{figures.requests} requests"
+        )
+        done.append((run, figures))
+    return done

@@ -1,0 +1,175 @@
+"""Speed with vLLM's own benchmark, on the real local image and the known-answer model: the figures
+are consistent at every level; a serve setting made slower on purpose is flagged by the gate; and,
+against the real embedded registry, the baseline round-trips and a regressed image keeps the
+readable tags where they were. No assertion reads the wall clock: the gate compares two
+measurements of this machine, and the regression made on purpose is several times the noise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from builder import baseline, benchmark, benchreport, build, model, pipeline, plan, regression, speed, verify
+from builder.benchmark import Benchmark
+from builder.engine import Engine
+from builder.matrix import Check
+from builder.options import Options
+from builder.publish import last_good_tag
+from builder.registry import Registry, free_port
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.docker
+
+TARGET = "vllm-0.32.0-cpu-amd64"
+RECORDED = ROOT / "tests" / "unit" / "data" / "bench"
+
+
+@pytest.fixture(scope="module")
+def local_plan(cache: Path) -> plan.TargetPlan:
+    (p,) = plan.make(Options.from_env(matrix=ROOT / "matrix.yaml", only=(TARGET,), cache=cache))
+    return p
+
+
+@pytest.fixture(scope="module")
+def local_image(
+    engine: Engine, base: str, cache: Path, local_plan: plan.TargetPlan, tmp_path_factory: pytest.TempPathFactory
+) -> str:
+    """The shipped local target's image (its stages are cached by content in the engine)."""
+    opts = Options.from_env(matrix=ROOT / "matrix.yaml", only=(TARGET,), cache=cache, out=tmp_path_factory.mktemp("out"))
+    return build.build(engine, local_plan, opts).image
+
+
+@contextmanager
+def serving(engine: Engine, image: str, folder: Path, check: Check, *extra: str) -> Iterator[int]:
+    """The image serving the check model as verify serves it (plus ``extra``); its port."""
+    port = free_port()
+    command = ["/model", "--host", "127.0.0.1", "--port", str(port), "--served-model-name", verify.MODEL_NAME]
+    command += [*check.serve_args, *extra]
+    with engine.run(image, command, name=f"sparkbuild-bench-{secrets.token_hex(4)}", mounts={folder: "/model"}) as container:
+        verify.wait_healthy(container, f"http://127.0.0.1:{port}", 900)
+        yield port
+
+
+def measure(engine: Engine, image: str, check: Check, folder: Path, out: Path, *extra: str) -> Benchmark:
+    with serving(engine, image, folder, check, *extra) as port:
+        url = f"http://127.0.0.1:{port}"
+        return speed.measure(engine, image, check, folder, url=url, served_name=verify.MODEL_NAME, folder=out)
+
+
+def test_the_tiny_models_figures_are_consistent_at_every_level(
+    engine: Engine, local_image: str, local_plan: plan.TargetPlan, cache: Path, tmp_path: Path
+) -> None:
+    check = dataclasses.replace(local_plan.target.check, bench_repeats=1)
+    folder = model.ensure(cache, check.model)
+    bench = measure(engine, local_image, check, folder, tmp_path / "bench")
+    assert {(lv.scenario, lv.concurrency) for lv in bench.levels} == {
+        (s, c) for s in benchmark.SCENARIOS for c in check.concurrency
+    }
+    runs = {(r.scenario, r.concurrency): r for r in benchmark.runs(check.concurrency, bench.window, 1)}
+    for level in bench.levels:
+        f, run = level.figures, runs[(level.scenario, level.concurrency)]
+        assert f.requests == run.num_prompts  # every request completed; none failed
+        assert benchmark.inconsistencies(f, run.in_flight) == []
+        assert f.ttft_ms_p99 >= f.ttft_ms_p50 > 0 and f.itl_ms_p99 >= f.itl_ms_p50 and f.tpot_ms_p99 >= f.tpot_ms_p50
+        assert f.tokens_per_s <= run.in_flight * benchmark.MAX_STREAM_TOKENS_PER_S
+    # The model's 128-token window, scaled as benchmark.shape says; each level's time is recorded.
+    assert bench.window == 128 and bench.levels[0].shape == benchmark.Shape(input_len=96, output_len=16)
+    assert set(bench.seconds_per_level) == set(check.concurrency)
+    print(f"benchmark seconds per level: {bench.seconds_per_level}")  # the cost, for the record
+    png = benchreport.plot(bench, None, tmp_path, title=TARGET)
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_server_made_slower_on_purpose_is_flagged_by_the_gate(
+    engine: Engine, local_image: str, local_plan: plan.TargetPlan, cache: Path, tmp_path: Path
+) -> None:
+    """One sequence at a time (--max-num-seqs 1) at c=10: ten requests wait behind each one."""
+    check = dataclasses.replace(local_plan.target.check, concurrency=(10,), bench_repeats=2)
+    folder = model.ensure(cache, check.model)
+    before = measure(engine, local_image, check, folder, tmp_path / "before")
+    slower = measure(engine, local_image, check, folder, tmp_path / "slower", "--max-num-seqs", "1")
+    gate = regression.compare(slower, before, threshold_pct=check.bench_threshold_pct, baseline_of="sha256:before")
+    assert gate.verdict == "regressed", benchreport.table(slower, before, gate)
+    assert {(c.scenario, c.figure) for c in gate.regressions()} & {("queueing", "ttft_ms_p99"), ("prefill", "ttft_ms_p50")}
+    # And the other way round the same figures are an improvement.
+    assert regression.compare(before, slower, threshold_pct=check.bench_threshold_pct, baseline_of="x").verdict != "regressed"
+
+
+# --- the baseline in the registry, and the readable tags of a regressed image -------------------
+
+
+def recorded(name: str) -> Benchmark:
+    return benchmark.from_json(json.loads((RECORDED / name).read_text()), name)
+
+
+def a_run(p: plan.TargetPlan, image: str, measured: Benchmark, found: baseline.Found | None) -> pipeline.TargetRun:
+    answer = verify.Answer(name="completion", api="completions", prompt="c d e f", expected=" g h i j", received=" g h i j")
+    result = verify.VerifyResult(
+        image=image, model="alphabet", check="alphabet", startup_s=1.0, answers=(answer,), benchmark=measured
+    )
+    was = found.benchmark if found else None
+    threshold = p.target.check.bench_threshold_pct
+    gate = regression.compare(measured, was, threshold_pct=threshold, baseline_of=found.image if found else None)
+    return pipeline.TargetRun(p, image=image, result=result, gate=gate, baseline=was)
+
+
+def test_the_baseline_round_trips_and_a_regressed_image_keeps_the_readable_tags(
+    engine: Engine, base: str, registry: Registry, local_plan: plan.TargetPlan, tmp_path: Path
+) -> None:
+    # Two small real images stand in for two nights' builds (their SBOMs are read from them).
+    first, second = "sparkbuild-test/bench-first:1", "sparkbuild-test/bench-second:1"
+    engine.tag(base, "sparkbuild-test/bench-first", "1")
+    (tmp_path / "ctx").mkdir()
+    (tmp_path / "ctx" / "Dockerfile").write_text(f"FROM {base}\nLABEL io.sparkbuild.test=second\n")
+    engine.build(
+        context=tmp_path / "ctx",
+        tag=second,
+        platform="linux/amd64",
+        labels={},
+        build_args={},
+        secrets={},
+        log_file=tmp_path / "b.log",
+    )
+    opts = Options.from_env(matrix=ROOT / "matrix.yaml", only=(TARGET,), out=tmp_path / "out", lock=tmp_path / "matrix.lock.json")
+    ctx = pipeline.Context(opts, registry, tmp_path / "work", {})
+    try:
+        # Night one: no baseline yet; published, its own figures become the baseline.
+        night1 = a_run(local_plan, first, recorded("baseline.json"), baseline.read(registry, local_plan))
+        assert night1.gate is not None and night1.gate.verdict == "no baseline"
+        pipeline.publish_image(ctx, night1)
+        assert night1.status == pipeline.Status.PUBLISHED and night1.error is None
+        found = baseline.read(registry, local_plan)
+        assert found is not None and found.image == night1.digest
+        assert found.benchmark == recorded("baseline.json")
+
+        # Night two: slower; published by digest, readable tags and last-good left on night one.
+        p2 = dataclasses.replace(local_plan, content_tag=f"{local_plan.content_tag}-slower")
+        night2 = a_run(p2, second, recorded("slower.json"), found)
+        pipeline.publish_image(ctx, night2)
+        assert night2.status == pipeline.Status.REGRESSED and "readable tags not moved" in str(night2.error)
+        for tag in (*local_plan.tags, last_good_tag(local_plan.id)):
+            assert registry.digest(local_plan.repository, tag) == night1.digest, tag
+        assert registry.digest(local_plan.repository, p2.content_tag) == night2.digest != night1.digest
+        # Its attached baseline is night one's, carried forward; the target's baseline is unchanged.
+        again = baseline.read(registry, local_plan)
+        assert again is not None and again.image == night1.digest and again.benchmark == found.benchmark
+
+        # Where the check does not hold tags, a regressed image moves them (and is still flagged).
+        loose = dataclasses.replace(p2.target.check, bench_hold_tags=False)
+        p3 = dataclasses.replace(p2, target=dataclasses.replace(p2.target, check=loose), content_tag=f"{p2.content_tag}-2")
+        night3 = a_run(p3, second, recorded("slower.json"), found)
+        pipeline.publish_image(ctx, night3)
+        assert night3.status == pipeline.Status.REGRESSED
+        assert registry.digest(local_plan.repository, local_plan.tags[-1]) == night2.digest
+    finally:  # the names this test gave (the base keeps its own)
+        for ref in (first, second):
+            for name in engine.inspect(ref)["RepoTags"]:
+                if name in (first, second) or name.startswith(f"{registry.host}/"):
+                    engine.client.images.remove(name)
