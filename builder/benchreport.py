@@ -6,6 +6,7 @@ the table is what the terminal summary prints under the lane's table.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,8 +45,15 @@ REFERENCES = (
 
 
 def references(model: str) -> dict[int, Reference]:
-    """The published figures of ``model`` (a check's model name), by concurrency."""
-    return {r.concurrency: r for r in REFERENCES if r.model.lower() == model.lower()}
+    """The published figures of ``model`` (a check's model: a name, or a hub id such as
+    ``openai/gpt-oss-120b`` or ``Qwen/Qwen3-30B-A3B-Instruct-2507-FP8``), by concurrency."""
+    return {r.concurrency: r for r in REFERENCES if _family(r.model) == _family(model)}
+
+
+def _family(model: str) -> str:
+    """The model's name without its organisation and its ``Instruct-2507``-style release marks."""
+    name = model.rsplit("/", 1)[-1].lower()
+    return re.sub(r"-instruct(-\d+)?", "", name)
 
 
 # --- the plain-text table ----------------------------------------------------------------------

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from builder import benchmark, benchreport, regression
+from builder import benchmark, benchreport, matrix, regression
 from builder.benchmark import Benchmark, Figures, Shape
 from builder.errors import VerifyError
+from tests.conftest import ROOT
 
 DATA = Path(__file__).parent / "data" / "bench"
 
@@ -244,6 +245,13 @@ def test_the_table_shows_each_level_beside_its_baseline_and_the_verdict() -> Non
     assert lines[0].startswith("level") and [line.split()[0] for line in lines[2:6]] == ["c=1", "c=2", "c=5", "c=10"]
     assert "(was " in lines[5]
     assert lines[-1].startswith("verdict: regressed (baseline: sha256:aa): ")
+
+
+def test_the_shipped_real_model_checks_find_their_published_figures() -> None:
+    checks = matrix.load(ROOT / "matrix.yaml").checks
+    assert sorted(benchreport.references(checks["gpt-oss-120b"].model)) == [1, 5, 10]
+    assert sorted(benchreport.references(checks["qwen3-30b-a3b-fp8"].model)) == [1]
+    assert benchreport.references(checks["alphabet"].model) == {}
 
 
 def test_a_model_with_published_figures_shows_them_beside_the_measured_ones() -> None:
