@@ -11,6 +11,7 @@ Pure: reads files, never Docker or the network; light, so ``sparkbuild summary``
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -104,11 +105,23 @@ def speed_cell(speed: dict[str, Any] | None) -> str:
 def speeds(rows: Sequence[Row]) -> str:
     """Each benchmarked target's figures per level beside its baseline, and where its plot is."""
     parts = [
-        f"### {r['target']}: speed ({r['speed']['verdict']})\n\n```\n{r['speed']['table']}\n```\nplot: {r['speed']['plot']}"
+        f"### {r['target']}: speed ({r['speed']['verdict']})\n\n```\n{r['speed']['table']}\n```\n"
+        + plot_line(str(r["speed"]["plot"]))
         for r in rows
         if r.get("speed")
     ]
     return "\n\n".join(parts)
+
+
+def plot_line(plot: str) -> str:
+    """Where the plot is: in GitHub Actions a link to the run's artifacts (the target's job uploads
+    its sparkbuild-out/, the plot at ``<target>/benchmark.png`` in it), else its path."""
+    run, repository = os.environ.get("GITHUB_RUN_ID"), os.environ.get("GITHUB_REPOSITORY")
+    if not (run and repository) or plot in ("", "None"):
+        return f"plot: {plot}"
+    server = os.environ.get("GITHUB_SERVER_URL", "https://github.com")
+    inside = "/".join(Path(plot).parts[-2:])
+    return f"plot: [{inside}]({server}/{repository}/actions/runs/{run}#artifacts) (in the target's artifact)"
 
 
 def reasons(rows: Sequence[Row]) -> str:

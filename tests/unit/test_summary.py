@@ -120,3 +120,14 @@ def test_bad_input_is_a_config_error_naming_what_to_fix(
     result = sparkbuild("summary", str(tmp_path), "--targets", targets, "--prefix", PREFIX)
     assert result.code == errors.ConfigError.exit_code
     assert message in result.err and "Traceback" not in result.err
+
+
+def test_the_plot_is_linked_to_the_runs_artifacts_in_github_actions(monkeypatch: pytest.MonkeyPatch) -> None:
+    plot = "/runner/work/sparkbuild-out/vllm-0.33.0-cu130-sm121/benchmark.png"
+    assert summary.plot_line(plot) == f"plot: {plot}"
+    monkeypatch.setenv("GITHUB_RUN_ID", "4242")
+    monkeypatch.setenv("GITHUB_REPOSITORY", "team/sparkbuild")
+    assert summary.plot_line(plot) == (
+        "plot: [vllm-0.33.0-cu130-sm121/benchmark.png](https://github.com/team/sparkbuild/actions/runs/4242#artifacts)"
+        " (in the target's artifact)"
+    )
