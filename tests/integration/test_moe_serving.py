@@ -24,7 +24,13 @@ from builder.options import Options
 from builder.registry import free_port
 from tests.conftest import ROOT
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.slow,
+    # Making a quantized model here (the first test to need it, in a whole run) meets transformers'
+    # "saving offloaded modules" chatter, as tests/unit/test_moe_models.py does.
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+]
 AMX = "amx_tile" in Path("/proc/cpuinfo").read_text()
 REFUSALS = {
     "moe-nvfp4": "ValueError: Failed to find a kernel that can implement the NVFP4 linear layer",
