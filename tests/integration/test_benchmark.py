@@ -98,8 +98,12 @@ def test_a_server_made_slower_on_purpose_is_flagged_by_the_gate(
     gate = regression.compare(slower, before, threshold_pct=check.bench_threshold_pct, baseline_of="sha256:before")
     assert gate.verdict == "regressed", benchreport.table(slower, before, gate)
     assert {(c.scenario, c.figure) for c in gate.regressions()} & {("queueing", "ttft_ms_p99"), ("prefill", "ttft_ms_p50")}
-    # And the other way round the same figures are an improvement.
-    assert regression.compare(before, slower, threshold_pct=check.bench_threshold_pct, baseline_of="x").verdict != "regressed"
+    # The other way round, none of the figures it flagged is a regression. (Other figures may be:
+    # one sequence at a time decodes each request faster, so the default server's per-request rate
+    # is lower than that baseline's.)
+    back = regression.compare(before, slower, threshold_pct=check.bench_threshold_pct, baseline_of="x")
+    flagged = {(c.scenario, c.concurrency, c.figure) for c in gate.regressions()}
+    assert not flagged & {(c.scenario, c.concurrency, c.figure) for c in back.regressions()}
 
 
 # --- the baseline in the registry, and the readable tags of a regressed image -------------------
