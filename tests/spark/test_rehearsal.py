@@ -141,22 +141,17 @@ def test_the_wheels_the_build_made_are_published_and_a_fresh_venv_installs_them(
     }
     assert report["index"]["built_for"]["gpu"] == target.gpu and report["install"][-2:] == ["flashinfer-python", "vllm"]
 
-    # A fresh venv: pip takes both wheels from the folder alone (their dependencies, torch and
+    # A fresh venv on the target's own Python (the runtime image's: the vLLM wheel is cp313), no
+    # network: pip takes both wheels from the fetched folder alone (their dependencies, torch and
     # CUDA's 2.6 GB among them, are what the runtime stage installs; not fetched again here).
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-index", "--no-deps", "--find-links", str(out)]
-    subprocess.run([*pip, "vllm", "flashinfer-python"], check=True)
-    versions = subprocess.run(
-        [
-            str(venv / "bin" / "python"),
-            "-c",
-            "import importlib.metadata as m; print(m.version('vllm'), m.version('flashinfer-python'))",
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.split()
+    show = "import importlib.metadata as m; print(m.version('vllm'), m.version('flashinfer-python'))"
+    fresh = (
+        "python3 -m venv /tmp/fresh"
+        " && /tmp/fresh/bin/pip install --no-index --no-deps --find-links /fetched vllm flashinfer-python"
+        f' && /tmp/fresh/bin/python -c "{show}"'
+    )
+    shown = engine.output(rehearsed["image"], ["sh", "-c", fresh], timeout_s=600, mounts={out: ("/fetched", "ro")})
+    versions = shown.strip().splitlines()[-1].split()
     assert versions[0].startswith("0.33.0") and versions[1] == "0.7.2.post1"
 
 
