@@ -59,7 +59,7 @@ def attach(engine: Callable[[], Engine], registry: Registry, p: TargetPlan, dige
             if document is None:
                 continue
             payload, media_type = document
-            annotations = {referrers.KIND: kind, referrers.CREATED: _now()}
+            annotations = {referrers.KIND: kind, referrers.CREATED: referrers.created_now()}
             attached = referrers.Document(
                 payload=payload, artifact_type=media_type, filename=FILES[kind], annotations=annotations
             )
@@ -123,7 +123,3 @@ def _in_engine(engine: Engine, image: str, digest: str, platform: str) -> str:
     if not engine.image_exists(by_digest):
         engine.pull(image, digest, platform=platform)
     return by_digest
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

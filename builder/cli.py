@@ -28,6 +28,7 @@ from builder.patch.cli import patch_group
 
 if TYPE_CHECKING:
     from builder import bisect, plan
+    from builder.matrix import Matrix
     from builder.verify import VerifyResult
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -346,7 +347,8 @@ def verify_cmd(
     if log_file is not None and url is None:
         raise ConfigError("verify: --log goes with --url (sparkbuild reads the log of a server it starts itself)")
     opts = make_options(matrix=matrix)
-    checks = matrix_mod.load(opts.matrix).checks
+    loaded = matrix_mod.load(opts.matrix)
+    checks = loaded.checks
     if check_name is not None and check_name not in checks:
         raise ConfigError(f"{opts.matrix}: no check '{check_name}'; known: {', '.join(checks)}")
     if url is not None:
@@ -356,7 +358,7 @@ def verify_cmd(
         run: Callable[[], verify.VerifyResult] = functools.partial(verify.verify_url, url, checks[check_name], out, log_file)
     else:
         assert image is not None
-        run, out = _verify_image(image, checks, check_name, model_dir, result, opts)
+        run, out = _verify_image(image, loaded, check_name, model_dir, result, opts)
     try:
         res = run()
     except VerifyError:
@@ -370,19 +372,18 @@ def verify_cmd(
 
 
 def _verify_image(
-    image: str, checks: dict[str, Any], check_name: str | None, model_dir: Path | None, result: Path | None, opts: Options
+    image: str, loaded: Matrix, check_name: str | None, model_dir: Path | None, result: Path | None, opts: Options
 ) -> tuple[Callable[[], VerifyResult], Path]:
     """How to verify IMAGE: its target's check (from its label) unless one is named, on the GPU for a Spark image."""
     from builder import checkmodel, verify
-    from builder import matrix as matrix_mod
     from builder.engine import Engine
 
     engine = Engine()
     labels = engine.inspect(image)["Config"].get("Labels") or {}
     target_id = labels.get("io.sparkbuild.target")
-    by_target = {t.id: t.check for t in matrix_mod.load(opts.matrix).targets}
+    by_target = {t.id: t.check for t in loaded.targets}
     if check_name is not None:
-        check = checks[check_name]
+        check = loaded.checks[check_name]
     elif target_id in by_target:
         check = by_target[target_id]
     else:

@@ -38,7 +38,7 @@ def inspect(registry: Registry, repository: str, reference: str) -> dict[str, An
     (the newest of each kind)."""
     digest = referrers.subject_digest(registry, repository, reference)
     attached = referrers.listed(registry, repository, digest)
-    newest = {a.kind: a for a in sorted(attached, key=lambda a: a.annotations.get(referrers.CREATED, ""))}
+    newest = referrers.newest(attached)
     # The wheels' first layer is their index (wheels.json): read like a document, the wheels themselves are not.
     documents = {kind: _document(registry, repository, a) for kind, a in newest.items() if kind in (*attest.KINDS, wheels.KIND)}
     document = documents.get("sbom")

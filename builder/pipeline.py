@@ -38,6 +38,7 @@ from builder import (
     plan,
     preflight,
     publish,
+    referrers,
     regression,
     runlock,
     summary,
@@ -266,7 +267,7 @@ def publish_image(ctx: Context, run: TargetRun) -> bool:
     run.digest, run.status, run.signature = published.digest, Status.PUBLISHED, published.signature
     if run.gate is not None and run.result is not None and run.result.benchmark is not None:
         following = regression.next_baseline(run.result.benchmark, run.baseline, run.gate)
-        baseline.attach(ctx.registry, run.plan, published.digest, following, datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        baseline.attach(ctx.registry, run.plan, published.digest, following, referrers.created_now())
     if regressed:
         assert run.gate is not None
         run.status = Status.REGRESSED

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from builder import log
@@ -163,6 +164,16 @@ def subject_digest(registry: Registry, repository: str, reference: str) -> str:
             f"{registry.host}/{repository} has no tag '{reference}'; check the name (sparkbuild plan lists the tags)"
         )
     return digest
+
+
+def created_now() -> str:
+    """The ``CREATED`` annotation of a document attached now (RFC 3339, UTC)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def newest(attached: list[Attached]) -> dict[str, Attached]:
+    """The newest attached document of each kind, by its ``CREATED`` annotation."""
+    return {a.kind: a for a in sorted(attached, key=lambda a: a.annotations.get(CREATED, ""))}
 
 
 def listed(registry: Registry, repository: str, subject: str) -> list[Attached]:

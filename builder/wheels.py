@@ -18,7 +18,6 @@ import re
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -171,7 +170,7 @@ def attach(registry: Registry, repository: str, subject: str, collected: Collect
         layers.append(referrers.Layer(digest=digest, size=size, media_type=_media_type(f.name), filename=f.name))
     annotations = {
         referrers.KIND: KIND,
-        referrers.CREATED: datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        referrers.CREATED: referrers.created_now(),
         ARCH_ANNOTATION: collected.built_for.arch_list,
     }
     return referrers.attach_layers(
@@ -243,17 +242,12 @@ class Fetched:
         }
 
 
-def newest(registry: Registry, repository: str, digest: str) -> referrers.Attached | None:
-    found = [a for a in referrers.listed(registry, repository, digest) if a.kind == KIND]
-    return max(found, key=lambda a: a.annotations.get(referrers.CREATED, ""), default=None)
-
-
 def fetch(registry: Registry, repository: str, reference: str, out: Path) -> Fetched:
     """Download the wheels attached to the image into ``out`` (files already there with the right
     content are kept), with ``wheels.json`` and ``SHA256SUMS``."""
     digest = referrers.subject_digest(registry, repository, reference)
     image = f"{registry.host}/{repository}@{digest}"
-    attached = newest(registry, repository, digest)
+    attached = referrers.newest(referrers.listed(registry, repository, digest)).get(KIND)
     if attached is None:
         raise PublishError(
             f"no wheels are attached to {image}: its target builds none (a local target installs vLLM's wheel from PyPI), "
