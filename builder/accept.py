@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder import __version__, build, checkmodel, log, plan, verify
+from builder import __version__, build, log, pipeline, plan, verify
 from builder.engine import Engine
 from builder.errors import ConfigError, FatalError
 from builder.options import Options
@@ -76,7 +76,11 @@ class Acceptance:
             lines.append(
                 f"| {s.name} | {result} | {log.format_seconds(s.seconds)} | {s.detail.splitlines()[0] if s.detail else ''} |"
             )
-        for key, title in (("preflight", "Preflight audit"), ("check_binary", "Binary check"), ("verify", "Answers and speed")):
+        for key, title in (
+            ("preflight", "Preflight audit"),
+            ("check_binary", "Binary check"),
+            ("checks", "Answers, kernel paths and speed"),
+        ):
             if facts.get(key):
                 body = facts[key] if isinstance(facts[key], str) else json.dumps(facts[key], indent=2)
                 lines += ["", f"### {title}", "", "```", body, "```"]
@@ -147,11 +151,11 @@ def _build(engine: Engine, p: plan.TargetPlan, opts: Options, result: Acceptance
 
 
 def _verify(engine: Engine, p: plan.TargetPlan, opts: Options, result: Acceptance) -> str:
-    check = p.target.check
-    folder = checkmodel.provide(opts.cache, check)
-    found = verify.verify(
-        engine, result.facts["image"], check, folder, opts.out / p.id / "verify.json", gpus=p.target.profile == "spark"
+    gpus = p.target.profile == "spark"
+    found = verify.verify_all(
+        engine, result.facts["image"], p.target.checks, opts.out / p.id / "verify.json", cache=opts.cache, gpus=gpus
     )
-    result.facts["verify"] = found.to_json()
-    good = sum(a.ok for a in found.answers)
-    return f"{good}/{len(found.answers)} answers, started in {found.startup_s:.0f}s"
+    # Every check's result in order, the benchmarked one first.
+    result.facts["checks"] = [found.results[name].to_json() for name in found.checks if name in found.results]
+    found.require()
+    return pipeline.verified_cell(found)

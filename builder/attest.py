@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from builder import lock, log, provenance, referrers, sbom, wheels
+from builder import lock, log, provenance, referrers, sbom, verify, wheels
 from builder.errors import EngineError, PublishError
 from builder.plan import TargetPlan
 from builder.registry import Registry
@@ -25,7 +25,11 @@ if TYPE_CHECKING:
     from builder.options import Options
 
 VERIFY_MEDIA_TYPE = "application/vnd.sparkbuild.verify+json"
-KINDS = ("sbom", "provenance", "verify")
+# Which check a verify result is of: a target with several checks gets one verify document each.
+CHECK = "io.sparkbuild.check"
+# Made at publish from the image and the plan; then one verify result per check.
+MADE = ("sbom", "provenance")
+KINDS = (*MADE, "verify")
 # What `oras pull` saves each as.
 FILES = {"sbom": "sbom.cdx.json", "provenance": "provenance.intoto.json", "verify": "verify.json"}
 
@@ -35,36 +39,38 @@ class Evidence:
     """What the documents are made from beyond the plan and the image."""
 
     files: provenance.Files
-    # The verify result of this target's image (attached where it exists and names that image).
-    verify: Path
+    # Each check's verify result of this target's image, by check, the benchmarked one first
+    # (attached where it exists and names that image).
+    verify: dict[str, Path]
     local: str
     started: datetime | None = None
 
     @classmethod
     def of(cls, opts: Options, p: TargetPlan, local: str, started: datetime | None = None) -> Evidence:
         files = provenance.Files(matrix=opts.matrix, lock=opts.lock or lock.default_path(opts.matrix))
-        return cls(files=files, verify=opts.out / p.id / "verify.json", local=local, started=started)
+        results = verify.result_files(opts.out / p.id / "verify.json", p.target.checks)
+        return cls(files=files, verify=results, local=local, started=started)
 
 
 def attach(engine: Callable[[], Engine], registry: Registry, p: TargetPlan, digest: str, evidence: Evidence) -> list[str]:
     """Attach to ``digest`` each document not attached yet; the kinds attached now. Any failure is a
     PublishError that says no readable tag moved."""
     try:
-        have = {a.kind for a in referrers.listed(registry, p.repository, digest)}
+        listed = referrers.listed(registry, p.repository, digest)
+        have = {a.kind for a in listed}
         made = []
-        for kind in KINDS:
+        for kind in MADE:
             if kind in have:
                 continue
             document = _make(kind, engine, registry, p, digest, evidence)
-            if document is None:
-                continue
-            payload, media_type = document
-            annotations = {referrers.KIND: kind, referrers.CREATED: referrers.created_now()}
-            attached = referrers.Document(
-                payload=payload, artifact_type=media_type, filename=FILES[kind], annotations=annotations
-            )
-            referrers.attach(registry, p.repository, digest, attached)
-            made.append(kind)
+            if document is not None:
+                _attach(registry, p, digest, kind, document, {})
+                made.append(kind)
+        verified = {a.annotations.get(CHECK, p.target.check.name) for a in listed if a.kind == "verify"}
+        for check, path in evidence.verify.items():
+            if check not in verified and (result := _verify_result(path, evidence.local)) is not None:
+                _attach(registry, p, digest, "verify", result, {CHECK: check})
+                made.append("verify" if check == p.target.check.name else f"verify ({check})")
         if wheels.KIND not in have and wheels.publish(engine, registry, p, digest):
             made.append(wheels.KIND)
     except (PublishError, EngineError) as exc:
@@ -75,6 +81,15 @@ def attach(engine: Callable[[], Engine], registry: Registry, p: TargetPlan, dige
     if not made:
         log.info(f"{p.id}: SBOM, provenance and verify result already attached to {digest[:19]}")
     return made
+
+
+def _attach(
+    registry: Registry, p: TargetPlan, digest: str, kind: str, document: tuple[bytes, str], annotations: dict[str, str]
+) -> None:
+    payload, media_type = document
+    annotations = {referrers.KIND: kind, referrers.CREATED: referrers.created_now(), **annotations}
+    attached = referrers.Document(payload=payload, artifact_type=media_type, filename=FILES[kind], annotations=annotations)
+    referrers.attach(registry, p.repository, digest, attached)
 
 
 def _make(
@@ -95,14 +110,14 @@ def _make(
             finished=datetime.now(UTC) if evidence.started else None,
         )
         return json.dumps(statement, indent=2).encode(), provenance.MEDIA_TYPE
-    return _verify_result(evidence)
+    raise AssertionError(f"no document of kind {kind}")
 
 
-def _verify_result(evidence: Evidence) -> tuple[bytes, str] | None:
-    """verify.json where it is this image's (a --unverified publish may have none)."""
-    data = _json(evidence.verify)
-    if data is None or data.get("image") != evidence.local:
-        log.info(f"  no verify result of {evidence.local} in {evidence.verify}: none attached")
+def _verify_result(path: Path, local: str) -> tuple[bytes, str] | None:
+    """A check's verify.json where it is this image's (a --unverified publish may have none)."""
+    data = _json(path)
+    if data is None or data.get("image") != local:
+        log.info(f"  no verify result of {local} in {path}: none attached")
         return None
     return json.dumps(data, indent=2).encode(), VERIFY_MEDIA_TYPE
 

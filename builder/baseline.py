@@ -44,7 +44,8 @@ def read(registry: Registry, plan: TargetPlan) -> Found | None:
     where = f"{registry.host}/{plan.repository}@{digest}"
     if KIND in attached:
         return Found(benchmark=_parse(referrers.read(registry, plan.repository, attached[KIND]), where), image=digest)
-    if "verify" in attached:  # published before baselines were attached: its own measured figures
+    # Published before baselines were attached: its own measured figures, in its one verify result.
+    if "verify" in attached:
         data = json.loads(referrers.read(registry, plan.repository, attached["verify"]))
         if isinstance(data, dict) and isinstance(data.get("benchmark"), dict):
             return Found(benchmark=from_json(data["benchmark"], f"{where} verify.json"), image=digest)

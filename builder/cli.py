@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import json
 import shlex
 import signal
@@ -28,8 +27,8 @@ from builder.patch.cli import patch_group
 
 if TYPE_CHECKING:
     from builder import bisect, plan
-    from builder.matrix import Matrix
-    from builder.verify import VerifyResult
+    from builder.matrix import Check, Matrix
+    from builder.verify import Verified, VerifyResult
 
 F = TypeVar("F", bound=Callable[..., Any])
 # bisect.STAGES, written here so that --help does not import bisect (and with it Docker and git);
@@ -322,10 +321,12 @@ def model_cmd(name: str) -> None:
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="With --url: the server's startup log, which the kernel-path gate reads (docker logs NAME > FILE 2>&1).",
 )
-@click.option("--check", "check_name", help="Check to run (default: the one of the image's target).")
+@click.option("--check", "check_name", help="Check to run (default: every check of the image's target, the first benchmarked).")
 @click.option("--matrix", type=click.Path(path_type=Path))
 @click.option(
-    "--result", type=click.Path(path_type=Path), help="Result JSON file (default: sparkbuild-out/<target>/verify.json)."
+    "--result",
+    type=click.Path(path_type=Path),
+    help="First check's result file (default: sparkbuild-out/<target>/verify.json); the others' go in checks/NAME/ beside it.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def verify_cmd(
@@ -355,44 +356,55 @@ def verify_cmd(
         if check_name is None:
             raise ConfigError(f"verify --url: name the check to run with --check NAME (known: {', '.join(checks)})")
         out = result or opts.out / "url" / "verify.json"
-        run: Callable[[], verify.VerifyResult] = functools.partial(verify.verify_url, url, checks[check_name], out, log_file)
+        res = _judged(lambda: verify.verify_url(url, checks[check_name], out, log_file), out, as_json)
+        if as_json:
+            emit_json(res.to_json())
+        else:
+            click.echo(f"{res.image}: {pipeline.verify_cell(res)}; result in {out}")
+        return
+    assert image is not None
+    found = _verify_image(image, loaded, check_name, model_dir, result, opts)
+    if as_json:
+        emit_json([r.to_json() for r in found.results.values()])
     else:
-        assert image is not None
-        run, out = _verify_image(image, loaded, check_name, model_dir, result, opts)
+        click.echo(f"{image}: {pipeline.verified_cell(found)}")
+    found.require()
+
+
+def _judged(run: Callable[[], VerifyResult], out: Path, as_json: bool) -> VerifyResult:
+    """``run()``; on a failure with --json, the result written so far is printed first."""
     try:
-        res = run()
+        return run()
     except VerifyError:
         if as_json and out.is_file():
             click.echo(out.read_text())
         raise
-    if as_json:
-        emit_json(res.to_json())
-    else:
-        click.echo(f"{res.image}: {pipeline.verify_cell(res)}; result in {out}")
 
 
 def _verify_image(
     image: str, loaded: Matrix, check_name: str | None, model_dir: Path | None, result: Path | None, opts: Options
-) -> tuple[Callable[[], VerifyResult], Path]:
-    """How to verify IMAGE: its target's check (from its label) unless one is named, on the GPU for a Spark image."""
-    from builder import checkmodel, verify
+) -> Verified:
+    """Verify IMAGE: its target's checks (from its label) unless one is named, on the GPU for a Spark image."""
+    from builder import verify
     from builder.engine import Engine
 
     engine = Engine()
     labels = engine.inspect(image)["Config"].get("Labels") or {}
     target_id = labels.get("io.sparkbuild.target")
-    by_target = {t.id: t.check for t in loaded.targets}
+    by_target = {t.id: t.checks for t in loaded.targets}
+    checks: tuple[Check, ...]
     if check_name is not None:
-        check = loaded.checks[check_name]
+        checks = (loaded.checks[check_name],)
     elif target_id in by_target:
-        check = by_target[target_id]
+        checks = by_target[target_id]
     else:
         raise ConfigError(f"{image} names no target of {opts.matrix} (label io.sparkbuild.target={target_id}); pass --check NAME")
-    folder = model_dir or checkmodel.provide(opts.cache, check)
+    if model_dir is not None and len(checks) > 1:
+        raise ConfigError(f"verify --model serves one model: name its check with --check (the target has {len(checks)})")
     out = result or opts.out / (target_id or "image") / "verify.json"
     # A Spark image (it names the GPU it is for) serves on the GPU; a CPU image does not.
     gpus = "io.sparkbuild.gpu" in labels and labels.get("io.sparkbuild.cuda") != "none"
-    return functools.partial(verify.verify, engine, image, check, folder, out, gpus=gpus), out
+    return verify.verify_all(engine, image, checks, out, cache=opts.cache, gpus=gpus, model=model_dir)
 
 
 @cli.command("publish")

@@ -272,6 +272,7 @@ class Engine:
         url = f"{api.base_url}/v{api.api_version}/images/{repository}/push"
         end = deadline if deadline is not None else time.monotonic() + 7 * 24 * 3600
         digest = None
+        layers: dict[str, str] = {}  # layer id -> how it ended: "sent" or "there" (found or mounted)
         try:
             with api.post(url, params={"tag": tag}, data="{}", headers=headers, stream=True, timeout=stall_s) as response:
                 response.raise_for_status()
@@ -280,6 +281,7 @@ class Engine:
                     if "error" in event:
                         raise PushFailed(f"push of {repository}:{tag} failed: {event['error']}")
                     digest = (event.get("aux") or {}).get("Digest", digest)
+                    _count_layer(event, layers)
                     if time.monotonic() > end:
                         raise PushStalled(f"push of {repository}:{tag} passed its deadline")
         except requests.Timeout:
@@ -294,6 +296,8 @@ class Engine:
             raise PushFailed(f"the engine sent a push event that is not JSON: {exc}") from None
         if digest is None:
             raise PushFailed(f"push of {repository}:{tag} reported no digest")
+        sent = sum(how == "sent" for how in layers.values())
+        log.info(f"  {sent} layer(s) sent, {len(layers) - sent} already in the registry (found or mounted)")
         return str(digest)
 
     @contextmanager
@@ -440,6 +444,18 @@ class Engine:
         log.info(f"+ docker rm --force {name}  (SDK)")
         with contextlib.suppress(docker.errors.NotFound):  # already gone is what we wanted
             self.client.api.remove_container(name, force=True)
+
+
+def _count_layer(event: dict[str, Any], layers: dict[str, str]) -> None:
+    """Note how a push event ends a layer: "Pushed" was sent; "Layer already exists" and
+    "Mounted from REPO" were there already (the daemon's words, stable since Docker 1.10)."""
+    status, layer = str(event.get("status", "")), event.get("id")
+    if not layer:
+        return
+    if status == "Pushed":
+        layers[str(layer)] = "sent"
+    elif status == "Layer already exists" or status.startswith("Mounted from"):
+        layers[str(layer)] = "there"
 
 
 def _archive(container: SdkContainer, image: str, path: str, buffer: IO[bytes]) -> None:

@@ -40,7 +40,7 @@ def inspect(registry: Registry, repository: str, reference: str) -> dict[str, An
     attached = referrers.listed(registry, repository, digest)
     newest = referrers.newest(attached)
     # The wheels' first layer is their index (wheels.json): read like a document, the wheels themselves are not.
-    documents = {kind: _document(registry, repository, a) for kind, a in newest.items() if kind in (*attest.KINDS, wheels.KIND)}
+    documents = {kind: _document(registry, repository, a) for kind, a in newest.items() if kind in (*attest.MADE, wheels.KIND)}
     document = documents.get("sbom")
     return {
         "image": f"{registry.host}/{repository}@{digest}",
@@ -48,9 +48,17 @@ def inspect(registry: Registry, repository: str, reference: str) -> dict[str, An
         "attached": [{"kind": a.kind, **a.to_json()} for a in attached],
         "sbom": None if document is None else {"summary": sbom.summary(document), "document": document},
         "provenance": documents.get("provenance"),
-        "verify": documents.get("verify"),
+        # One verify result per check, the benchmarked check's first.
+        "verify": verify_results(registry, repository, attached),
         "wheels": documents.get(wheels.KIND),
     }
+
+
+def verify_results(registry: Registry, repository: str, attached: list[referrers.Attached]) -> list[dict[str, Any]]:
+    """The newest verify result of each check, the one with a benchmark (the target's first check) first."""
+    by_check = referrers.newest([a for a in attached if a.kind == "verify"], key=lambda a: a.annotations.get(attest.CHECK, ""))
+    results = [_document(registry, repository, a) for a in by_check.values()]
+    return sorted(results, key=lambda r: (not r.get("benchmark"), str(r.get("check"))))
 
 
 def _document(registry: Registry, repository: str, attached: referrers.Attached) -> dict[str, Any]:
@@ -111,14 +119,24 @@ def _rate(value: float | None) -> str:
     return "bursts" if value is None else f"{value:.0f}"
 
 
-def _verify_lines(result: Mapping[str, Any] | None) -> list[str]:
-    if result is None:
+def _verify_lines(results: list[Mapping[str, Any]]) -> list[str]:
+    if not results:
         return ["  verify: none attached"]
+    return [line for result in results for line in _check_lines(result)]
+
+
+def _check_lines(result: Mapping[str, Any]) -> list[str]:
     answers = result.get("answers") or []
     good = sum(bool(a.get("ok")) for a in answers)
     lines = [
         f"  verify: {'ok' if result.get('ok') else 'FAILED'}, {good}/{len(answers)} answers "
         f"(check {result.get('check')}, started in {result.get('startup_s', 0):.1f}s)"
+    ]
+    kernels = result.get("kernels") or []
+    lines += [
+        f"    kernel path {k['kind']}: {'/'.join(c['backend'] for c in k['chosen']) or 'not logged'}"
+        f"{'' if k.get('ok') else ' (UNEXPECTED)'}"
+        for k in kernels
     ]
     bench = result.get("benchmark") or {}
     lines += [

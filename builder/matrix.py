@@ -219,7 +219,10 @@ class Target:
     # The GPU the image is for (12.1: the DGX Spark's GB10); what preflight and check-binary judge by.
     gpu: str
     patches: tuple[str, ...]
-    check: Check
+    # What verify runs, in order: the first check's answers, kernel path and speed (its benchmark is
+    # the target's baseline); each further check's answers and kernel path (a quantized MoE model
+    # through the kernels the patches touch), no benchmark.
+    checks: tuple[Check, ...]
     repository: str
     tags: tuple[str, ...]
     build_args: tuple[tuple[str, str], ...]
@@ -237,6 +240,11 @@ class Target:
     runtime_extras: tuple[str, ...] = ()
     # `sparkbuild gc` keeps this many of the target's newest nightly images (content tags).
     keep_nightlies: int = 14
+
+    @property
+    def check(self) -> Check:
+        """The benchmarked check: the first of ``checks``."""
+        return self.checks[0]
 
     @property
     def version(self) -> str:
@@ -313,6 +321,21 @@ _torch_index = validate.pattern(
 )
 # Bases and checks are named in tags (sparkbuild/base:<name>-<hash>) and labels.
 _name = validate.pattern(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", "a name of letters, digits, '.', '_' and '-'", "cuda-13.0-devel")
+
+
+def _check_names(doc: Located, path: DocPath, value: Any) -> tuple[str, ...]:
+    """``check: alphabet`` or ``check: [alphabet, moe-nvfp4]``: one check name or a list, each once."""
+    if isinstance(value, str):
+        return (_name(doc, path, value),)
+    names: tuple[str, ...] = validate.list_of(_name)(doc, path, value)
+    if not names:
+        raise doc.fail(path, "name at least one check (the first is benchmarked), like check: [alphabet, moe-nvfp4]")
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise doc.fail((*path, i), f"check '{name}' is named twice; name each check once")
+    return names
+
+
 # A patch name is a folder name inside the patches folder: no '/', no '..'.
 _patch_name = validate.pattern(r"[a-z0-9][a-z0-9._-]{0,99}", "a patch name (a folder of patches/)", "e2m1-software")
 _build_arg_name = validate.pattern(r"[A-Za-z_][A-Za-z0-9_]{0,127}", "a build argument name", "MAX_JOBS")
@@ -481,7 +504,7 @@ TARGET_KEYS: dict[str, validate.Validator] = {
     "arch_list": _arch_list,
     "gpu": _gpu,
     "patches": validate.list_of(_patch_name),
-    "check": _name,
+    "check": _check_names,
     "repository": _repository,
     "tags": validate.list_of(_tag_template),
     "build_args": _build_args,
@@ -709,7 +732,7 @@ def _target(
             raise src.fail(p, f"unknown {what} '{name}'.{validate.suggest(name, known)} Known: {', '.join(known) or 'none'}")
         return known[name]
 
-    check, base = named("check", checks, "check"), named("base", bases, "base")
+    base = named("base", bases, "base")
     source_base = named("source_base", bases, "base") if values.get("source_base") else base
     runtime_base = named("runtime_base", bases, "base") if values.get("runtime_base") else base
     ptxas_base = named("ptxas_base", bases, "base") if values.get("ptxas_base") else base
@@ -756,7 +779,7 @@ def _target(
         arch_list=values["arch_list"],
         gpu=values["gpu"],
         patches=values["patches"],
-        check=check,
+        checks=_target_checks(values["check"], merged["check"], checks),
         repository=values["repository"],
         tags=tags,
         build_args=values["build_args"],
@@ -765,6 +788,17 @@ def _target(
         keep_nightlies=values["keep_nightlies"],
         where=f"{doc.file}:{doc.line(path)}",
     )
+
+
+def _target_checks(names: tuple[str, ...], where: Sourced, checks: dict[str, Check]) -> tuple[Check, ...]:
+    """The target's checks by name; an unknown name is an error at its place in the list."""
+    value, src, path = where
+    for i, name in enumerate(names):
+        if name not in checks:
+            at = path if isinstance(value, str) else (*path, i)
+            hint = validate.suggest(name, checks)
+            raise src.fail(at, f"unknown check '{name}'.{hint} Known: {', '.join(checks) or 'none'}")
+    return tuple(checks[name] for name in names)
 
 
 SPARK_NEEDS = {

@@ -28,11 +28,11 @@ from builder import (
     benchmark,
     benchreport,
     build,
-    checkmodel,
     closure,
     disk,
     fsutil,
     gitrepo,
+    kernelpath,
     log,
     patch,
     plan,
@@ -83,7 +83,9 @@ class TargetRun:
     failed_at: Status | None = None
     image: str | None = None
     digest: str | None = None
+    # The benchmarked (first) check's result, and every check's (verify_all's answer).
     result: verify.VerifyResult | None = None
+    verified: verify.Verified | None = None
     stages: tuple[build.StageOutcome, ...] = ()
     # The patch check on the target's vLLM source; None where nothing was checked.
     patches: tuple[patch.Result, ...] | None = None
@@ -104,6 +106,13 @@ class TargetRun:
     speed_table: str | None = None
     plot: Path | None = None
 
+    def verify_text(self) -> str:
+        if self.verified is not None:
+            return verified_cell(self.verified)
+        if self.result is not None:
+            return verify_cell(self.result)
+        return "(verified when first published)" if self.status == Status.UP_TO_DATE else "-"
+
     def row(self) -> dict[str, object]:
         source = source_of(self.plan.target)
         return {
@@ -119,9 +128,8 @@ class TargetRun:
             "failed_at": None if self.failed_at is None else self.failed_at.value,
             "closure": None if self.closure is None else {"verdict": self.closure.verdict, "cell": self.closure.cell()},
             "preflight": None if self.preflight is None else self.preflight.summary(),
-            "verify": verify_cell(self.result)
-            if self.result
-            else ("(verified when first published)" if self.status == Status.UP_TO_DATE else "-"),
+            "verify": self.verify_text(),
+            "checks": None if self.verified is None else checks_json(self.verified),
             "speed": None
             if self.gate is None
             else {
@@ -229,11 +237,13 @@ def build_image(ctx: Context, run: TargetRun) -> bool:
 def verify_image(ctx: Context, run: TargetRun) -> bool:
     assert run.image is not None
     run.status = Status.VERIFYING
-    check = run.plan.target.check
-    model_dir = checkmodel.provide(ctx.opts.cache, check)
-    gpus = run.plan.target.profile == "spark"
-    run.result = verify.verify(ctx.engine, run.image, check, model_dir, ctx.opts.out / run.plan.id / "verify.json", gpus=gpus)
-    if run.result.benchmark is not None:
+    target = run.plan.target
+    gpus = target.profile == "spark"
+    first = ctx.opts.out / run.plan.id / "verify.json"
+    run.verified = verify.verify_all(ctx.engine, run.image, target.checks, first, cache=ctx.opts.cache, gpus=gpus)
+    run.result = run.verified.first
+    run.verified.require()
+    if run.result is not None and run.result.benchmark is not None:
         judge_speed(ctx, run, run.result.benchmark)
     return True
 
@@ -418,6 +428,38 @@ def verify_cell(result: verify.VerifyResult) -> str:
         f = first.figures
         text += f", {first.scenario} c={first.concurrency}: TTFT {f.ttft_ms_p50:.0f} ms, {f.tokens_per_s:.0f} tok/s"
     return text
+
+
+def verified_cell(verified: verify.Verified) -> str:
+    """The first check as ``verify_cell`` shows it, then each further check's answers and kernels;
+    a target with one check reads as before."""
+    parts = []
+    for name in verified.checks:
+        found = verified.results.get(name)
+        text = "FAILED" if found is None else verify_cell(found) if name == verified.checks[0] else _answers(found)
+        if found is not None and name in verified.failures:
+            text = f"FAILED ({text})"
+        parts.append(text if len(verified.checks) == 1 else f"{name}: {text}")
+    return "; ".join(parts)
+
+
+def _answers(result: verify.VerifyResult) -> str:
+    text = f"{sum(a.ok for a in result.answers)}/{len(result.answers)} answers"
+    if result.kernels:
+        text += f", {kernelpath.text(result.kernels)}"
+    return text
+
+
+def checks_json(verified: verify.Verified) -> list[dict[str, object]]:
+    """Each check's verdict for summary.json: ok, or the failure's first line."""
+    return [
+        {
+            "check": name,
+            "ok": name in verified.results and name not in verified.failures,
+            "error": str(verified.failures[name]).splitlines()[0] if name in verified.failures else None,
+        }
+        for name in verified.checks
+    ]
 
 
 def patch_cell(results: tuple[patch.Result, ...] | None) -> str:

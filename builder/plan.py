@@ -124,7 +124,7 @@ class TargetPlan:
             else {"max_jobs": self.jobs.max_jobs, "nvcc_threads": self.jobs.nvcc_threads, "compiles": self.jobs.compiles},
             "unresolved": list(self.unresolved),
             "steps": list(self.steps),
-            "check": self.target.check.name,
+            "checks": [c.name for c in self.target.checks],
             "inputs": self.inputs,
             "labels": self.labels,
             "sources": self.source_args,
@@ -381,7 +381,8 @@ def labels(target: Target, base_identity: str, patches: dict[str, str], content_
         "io.sparkbuild.arch-list": target.arch_list,
         "io.sparkbuild.gpu": target.gpu,
         "io.sparkbuild.base": base_identity,
-        "io.sparkbuild.check": target.check.name,
+        # The checks verify runs, the first benchmarked.
+        "io.sparkbuild.checks": ",".join(c.name for c in target.checks),
     }
 
 

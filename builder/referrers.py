@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -171,9 +172,9 @@ def created_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def newest(attached: list[Attached]) -> dict[str, Attached]:
-    """The newest attached document of each kind, by its ``CREATED`` annotation."""
-    return {a.kind: a for a in sorted(attached, key=lambda a: a.annotations.get(CREATED, ""))}
+def newest(attached: list[Attached], key: Callable[[Attached], str] = lambda a: a.kind) -> dict[str, Attached]:
+    """The newest attached document of each kind (or each ``key``), by its ``CREATED`` annotation."""
+    return {key(a): a for a in sorted(attached, key=lambda a: a.annotations.get(CREATED, ""))}
 
 
 def listed(registry: Registry, repository: str, subject: str) -> list[Attached]:

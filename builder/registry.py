@@ -540,7 +540,7 @@ def embedded(data: Path, limits: Limits | None = None) -> Iterator[Registry]:
         )
     with runlock.hold(data / "registry.lock", f"the embedded registry's storage in {data}"):
         for attempt in range(3):  # the free port may be taken before the registry binds it
-            port = free_port()
+            port = _port(data, first=attempt == 0)
             (data / "storage").mkdir(parents=True, exist_ok=True)
             config = data / "config.yml"
             fsutil.write_text(config, CONFIG.format(root=data / "storage", port=port))
@@ -562,6 +562,36 @@ def embedded(data: Path, limits: Limits | None = None) -> Iterator[Registry]:
                 _stop(proc)
             log.warning(f"embedded registry did not start on port {port} (try {attempt + 1} of 3)")
         raise EngineError(f"embedded registry did not start; see {data / 'registry.log'}")
+
+
+def _port(data: Path, *, first: bool) -> int:
+    """The port this storage's registry had last time, where it is free; else a new one, kept.
+
+    Docker remembers which layers it pushed to which host:port. At the same address, the next push
+    of an image that shares layers with one already in the storage mounts them (any repository)
+    instead of compressing and sending them again: seconds instead of minutes for a vLLM image."""
+    saved = data / "port"
+    if first:
+        try:
+            port = int(saved.read_text())
+        except (OSError, ValueError):
+            port = 0
+        if 1024 <= port <= 65535 and _is_free(port):
+            return port
+    port = free_port()
+    fsutil.write_text(saved, f"{port}\n")
+    return port
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As the registry binds (Go sets SO_REUSEADDR): a port in TIME_WAIT is free to it.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def _started(proc: subprocess.Popen[bytes], registry: Registry) -> bool:

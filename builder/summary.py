@@ -36,6 +36,7 @@ ROW_KEYS = (
     "closure",
     "preflight",
     "verify",
+    "checks",
     "speed",
     "seconds",
     "stages",

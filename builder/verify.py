@@ -11,17 +11,17 @@ import json
 import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import requests
 
-from builder import kernelpath, log, speed
+from builder import checkmodel, kernelpath, log, speed
 from builder.benchmark import Benchmark
 from builder.engine import Container, Engine
-from builder.errors import VerifyError
+from builder.errors import FatalError, VerifyError
 from builder.matrix import Check, Prompt
 from builder.registry import free_port
 
@@ -77,8 +77,18 @@ class VerifyResult:
 
 
 def verify(engine: Engine, image: str, check: Check, model: Path, result_file: Path, *, gpus: bool = False) -> VerifyResult:
-    """Run the check against ``image`` (given every GPU when ``gpus``: a Spark image); writes
-    ``result_file`` and the server's log beside it, and raises on a wrong answer or kernel path."""
+    """Run the check against ``image`` (given every GPU when ``gpus``: a Spark image), its speed
+    included; writes ``result_file`` and the server's log beside it, and raises on a wrong answer
+    or kernel path."""
+    return require(serve_check(engine, image, check, model, result_file, gpus=gpus), result_file)
+
+
+def serve_check(
+    engine: Engine, image: str, check: Check, model: Path, result_file: Path, *, gpus: bool = False, bench: bool = True
+) -> VerifyResult:
+    """Serve ``model`` from ``image`` and run the check: the result, written to ``result_file``,
+    not judged. ``bench``: measure the speed too (a target's first check; the others give
+    answers and kernel paths)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [
@@ -100,7 +110,10 @@ def verify(engine: Engine, image: str, check: Check, model: Path, result_file: P
             url=url,
             model=MODEL_NAME,
             read_log=lambda: container.logs(tail=None),
-            benchmark=lambda: speed.measure(engine, image, check, model, url=url, served_name=MODEL_NAME, folder=folder),
+            benchmark=(lambda: speed.measure(engine, image, check, model, url=url, served_name=MODEL_NAME, folder=folder))
+            if bench
+            else None,
+            no_benchmark="speed is measured on the target's first check",
         )
         result = run_check(
             server,
@@ -110,7 +123,70 @@ def verify(engine: Engine, image: str, check: Check, model: Path, result_file: P
             startup=startup,
             result_file=result_file,
         )
-    return require(result, result_file)
+    return result
+
+
+def result_files(first: Path, checks: Sequence[Check]) -> dict[str, Path]:
+    """Where each check's result goes: the first (benchmarked) check's at ``first``, with its
+    server.log, bench/ and plot beside it; each further check's in ``checks/<name>/`` beside that."""
+    return {c.name: first if i == 0 else first.parent / "checks" / c.name / first.name for i, c in enumerate(checks)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verified:
+    """What every check of a target gave: a result for each that served its answers, and the
+    failure of each that did not pass (wrong answer, unexpected kernel, no server, no model)."""
+
+    checks: tuple[str, ...]
+    results: dict[str, VerifyResult]
+    failures: dict[str, FatalError]
+
+    @property
+    def first(self) -> VerifyResult | None:
+        """The benchmarked check's result."""
+        return self.results.get(self.checks[0])
+
+    def require(self) -> Verified:
+        """Raise unless every check passed: one failure as it was raised, several in one message
+        (of the first failure's kind, so its exit code)."""
+        if not self.failures:
+            return self
+        errors = list(self.failures.values())
+        if len(errors) == 1:
+            raise errors[0]
+        text = "\n".join(f"check {name}: {exc}" for name, exc in self.failures.items())
+        raise type(errors[0])(f"{len(errors)} of {len(self.checks)} checks failed:\n{text}")
+
+
+def verify_all(
+    engine: Engine,
+    image: str,
+    checks: Sequence[Check],
+    result_file: Path,
+    *,
+    cache: Path,
+    gpus: bool = False,
+    model: Path | None = None,
+) -> Verified:
+    """Every check of a target against ``image``, one server each, in order; the first is
+    benchmarked. A failing check never stops the next: all are run, then judged together.
+    ``model`` is a folder to serve in place of the (single) check's own model."""
+    files = result_files(result_file, checks)
+    results: dict[str, VerifyResult] = {}
+    failures: dict[str, FatalError] = {}
+    for i, check in enumerate(checks):
+        with log.step(f"check {check.name} ({i + 1}/{len(checks)}) on {image}"):
+            # An earlier run's result of this check must not stand for this one's.
+            files[check.name].unlink(missing_ok=True)
+            try:
+                folder = model or checkmodel.provide(cache, check)
+                served = serve_check(engine, image, check, folder, files[check.name], gpus=gpus, bench=i == 0)
+                results[check.name] = served
+                require(served, files[check.name])
+            except FatalError as exc:
+                failures[check.name] = exc
+                log.error(f"check {check.name}: {exc}")
+    return Verified(checks=tuple(c.name for c in checks), results=results, failures=failures)
 
 
 def verify_url(url: str, check: Check, result_file: Path, log_file: Path | None = None) -> VerifyResult:
@@ -151,6 +227,8 @@ class Server:
     model: str
     read_log: Callable[[], str] | None
     benchmark: Callable[[], Benchmark] | None = None
+    # Why there is no benchmark, for the log.
+    no_benchmark: str = "no image to run vllm bench serve from"
 
 
 def run_check(server: Server, check: Check, *, image: str, model: str, startup: float, result_file: Path) -> VerifyResult:
@@ -164,7 +242,7 @@ def run_check(server: Server, check: Check, *, image: str, model: str, startup: 
     if not all(a.ok for a in answers):
         pass  # a wrong answer: nothing worth timing
     elif server.benchmark is None:
-        log.info("  no image to run vllm bench serve from: speed not measured")
+        log.info(f"  speed not measured: {server.no_benchmark}")
     else:
         levels = ", ".join(map(str, check.concurrency))
         with log.step(f"vllm bench serve: decode, prefill, queueing at concurrency {levels}, x{check.bench_repeats}"):

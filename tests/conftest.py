@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Protocol
 
 import pytest
+import yaml
 
 from builder import base_image, gitrepo, matrix, options
 from builder.engine import Engine
@@ -38,6 +39,19 @@ versions: ">=0.1"
 upstream: {{links: []}}
 change: {{diff: fix.diff}}
 """
+
+
+def quick_checks(path: Path) -> Path:
+    """Rewrite the matrix at ``path`` so that each check's benchmark runs one level once.
+
+    For the tests whose subject is a lane, an installed tool or a report, not the speed: the README's
+    main job (tests/integration/test_nightly.py) runs the shipped checks in full, and
+    tests/integration/test_benchmark.py measures the benchmark itself."""
+    data = yaml.safe_load(path.read_text())
+    for check in data["checks"].values():
+        check.update(concurrency=[1], bench_repeats=1)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
 
 
 class MatrixWriter(Protocol):

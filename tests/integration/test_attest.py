@@ -20,7 +20,7 @@ from typing import Any
 import docker.errors
 import pytest
 
-from builder import attest, benchmark, pipeline, plan, provenance, publish, referrers, sbom
+from builder import attest, benchmark, kernelpath, pipeline, plan, provenance, publish, referrers, sbom, verify
 from builder.engine import Engine
 from builder.errors import PublishError
 from builder.options import Options
@@ -65,25 +65,36 @@ def image(engine: Engine, base: str, spark_plan: plan.TargetPlan, tmp_path: Path
 
 
 def recorded_verify(path: Path) -> None:
+    """A recorded result of the target's first check (answers and speed) at ``path``, and of its
+    second check (answers and kernel path) where verify writes it, in checks/moe-nvfp4/."""
     answer = Answer(name="completion", api="completions", prompt="c d e f", expected=" g h i j", received=" g h i j")
     bench = benchmark.from_json(json.loads((ROOT / "tests/unit/data/bench/baseline.json").read_text()), "baseline.json")
     result = VerifyResult(image=LOCAL, model="alphabet", check="alphabet", startup_s=21.5, answers=(answer,), benchmark=bench)
     path.write_text(json.dumps(result.to_json(), indent=2))
+    line = "Using 'FLASHINFER_CUTLASS' NvFp4 MoE backend out of potential backends: ['FLASHINFER_CUTLASS']"
+    chosen = kernelpath.Chosen(kind="moe", expected=("FLASHINFER_CUTLASS",), found=(("FLASHINFER_CUTLASS", line),))
+    moe = VerifyResult(image=LOCAL, model="moe-nvfp4", check="moe-nvfp4", startup_s=30.0, answers=(answer,), kernels=(chosen,))
+    (path.parent / "checks" / "moe-nvfp4").mkdir(parents=True)
+    (path.parent / "checks" / "moe-nvfp4" / "verify.json").write_text(json.dumps(moe.to_json(), indent=2))
 
 
 def test_publish_attaches_sbom_provenance_and_verify_that_match_the_image(
     engine: Engine, image: str, registry: Registry, spark_plan: plan.TargetPlan, tmp_path: Path
 ) -> None:
     recorded_verify(tmp_path / "verify.json")
-    evidence = evidence_in(tmp_path, image)
+    evidence = evidence_in(tmp_path, image, spark_plan)
     done = publish.push(engine, registry, spark_plan, image, evidence=evidence)
     repo = spark_plan.repository
 
-    # distribution 2.8: no referrers API; the fallback tag indexes the three documents.
+    # distribution 2.8: no referrers API; the fallback tag indexes the four documents.
     assert registry.referrers(repo, done.digest) is None
     assert registry.digest(repo, referrers.fallback_tag(done.digest)) is not None
-    attached = {a.kind: a for a in referrers.listed(registry, repo, done.digest)}
-    assert sorted(attached) == ["provenance", "sbom", "verify"]
+    listed = referrers.listed(registry, repo, done.digest)
+    attached = {a.kind: a for a in listed if a.kind != "verify"}
+    assert sorted(attached) == ["provenance", "sbom"]
+    # One verify result per check that has one (moe-fp8's and gptoss-mxfp4's were not written here).
+    attached |= {a.annotations[attest.CHECK]: a for a in listed if a.kind == "verify"}
+    assert sorted(attached) == ["alphabet", "moe-nvfp4", "provenance", "sbom"]
     assert attached["sbom"].artifact_type == "application/vnd.cyclonedx+json"
     assert attached["provenance"].artifact_type == "application/vnd.in-toto+json"
 
@@ -94,19 +105,20 @@ def test_publish_attaches_sbom_provenance_and_verify_that_match_the_image(
     check_sbom(engine, image, document, spark_plan)
     statement = json.loads(referrers.read(registry, repo, attached["provenance"]))
     check_provenance(statement, spark_plan, f"{registry.host}/{repo}", done.digest)
-    assert json.loads(referrers.read(registry, repo, attached["verify"]))["image"] == image
+    assert json.loads(referrers.read(registry, repo, attached["alphabet"]))["image"] == image
+    assert json.loads(referrers.read(registry, repo, attached["moe-nvfp4"]))["kernels"][0]["ok"] is True
 
     check_inspect(registry, f"{registry.host}/{repo}@{done.digest}", spark_plan)
 
     # Again: the image is the same, everything is attached; nothing new goes up.
     assert publish.push(engine, registry, spark_plan, image, evidence=evidence).digest == done.digest
-    assert len(referrers.listed(registry, repo, done.digest)) == 3
+    assert len(referrers.listed(registry, repo, done.digest)) == 4
 
 
-def evidence_in(tmp_path: Path, image: str) -> attest.Evidence:
+def evidence_in(tmp_path: Path, image: str, p: plan.TargetPlan) -> attest.Evidence:
     """The shipped matrix, the test's lock, the verify result (where the test wrote one) in ``tmp_path``."""
     files = provenance.Files(matrix=ROOT / "matrix.yaml", lock=tmp_path / "matrix.lock.json")
-    return attest.Evidence(files=files, verify=tmp_path / "verify.json", local=image)
+    return attest.Evidence(files=files, verify=verify.result_files(tmp_path / "verify.json", p.target.checks), local=image)
 
 
 def check_sbom(engine: Engine, image: str, document: dict[str, Any], p: plan.TargetPlan) -> None:
@@ -147,7 +159,9 @@ def check_inspect(registry: Registry, reference: str, p: plan.TargetPlan) -> Non
     assert "SBOM (CycloneDX 1.6)" in text and "deb" in text
     vllm = p.inputs["vllm"]["commit"]
     assert f"from source: vllm {vllm}" in text and f"gitCommit {vllm}" in text
-    assert "verify: ok, 1/1 answers" in text and "decode c=1: TTFT p50 14 ms" in text
+    assert "verify: ok, 1/1 answers (check alphabet" in text and "decode c=1: TTFT p50 14 ms" in text
+    assert "verify: ok, 1/1 answers (check moe-nvfp4" in text and "kernel path moe: FLASHINFER_CUTLASS" in text
+    assert text.index("check alphabet") < text.index("check moe-nvfp4")  # the benchmarked check first
     as_json = sparkbuild("inspect", reference, "--json")
     assert as_json.code == 0, as_json.err
     report = json.loads(as_json.out)
@@ -155,7 +169,7 @@ def check_inspect(registry: Registry, reference: str, p: plan.TargetPlan) -> Non
     assert {a["kind"] for a in report["attached"]} == {"sbom", "provenance", "verify"}
     assert report["sbom"]["summary"]["counts"]["source"] >= 4
     assert report["provenance"]["predicateType"] == "https://slsa.dev/provenance/v1"
-    assert report["verify"]["ok"] is True
+    assert [(r["check"], r["ok"]) for r in report["verify"]] == [("alphabet", True), ("moe-nvfp4", True)]
     by_tag = sparkbuild("inspect", f"{p.repository}:{p.content_tag}", "--registry", registry.host, "--json")
     assert by_tag.code == 0 and json.loads(by_tag.out)["digest"] == report["digest"]
 
@@ -183,7 +197,7 @@ def test_a_failed_attach_fails_the_publish_and_moves_no_readable_tag(
     digest = publish.push_image(engine, registry, f"{registry.host}/{repo}", spark_plan.content_tag)
     # Something else under the image's referrers tag: not an index sparkbuild can add to.
     registry.put_tag(repo, referrers.fallback_tag(digest), *registry.manifest(repo, digest))
-    evidence = evidence_in(tmp_path, image)
+    evidence = evidence_in(tmp_path, image, spark_plan)
     with pytest.raises(PublishError, match=r"attaching the SBOM.*is not an image index.*No readable tag moved"):
         publish.push(engine, registry, spark_plan, image, evidence=evidence)
     assert all(registry.digest(repo, tag) is None for tag in spark_plan.tags)
@@ -230,7 +244,7 @@ def test_publish_attaches_the_wheels_its_stages_made_and_sparkbuild_wheels_fetch
     tmp_path: Path,
 ) -> None:
     build_stages(engine, base, stages, tmp_path / "stages", arch_list=spark_plan.target.arch_list)
-    evidence = evidence_in(tmp_path, image)
+    evidence = evidence_in(tmp_path, image, spark_plan)
     done = publish.push(engine, registry, spark_plan, image, evidence=evidence)
     repo = spark_plan.repository
     attached = {a.kind: a for a in referrers.listed(registry, repo, done.digest)}
@@ -267,7 +281,7 @@ def test_a_vllm_stage_compiled_for_another_arch_list_fails_the_publish_before_an
     engine: Engine, image: str, base: str, registry: Registry, spark_plan: plan.TargetPlan, stages: dict[str, str], tmp_path: Path
 ) -> None:
     build_stages(engine, base, stages, tmp_path / "stages", arch_list="12.0")
-    evidence = evidence_in(tmp_path, image)
+    evidence = evidence_in(tmp_path, image, spark_plan)
     with pytest.raises(PublishError, match=r"compiled with TORCH_CUDA_ARCH_LIST=12.0, but the target's arch list is 12.1a"):
         publish.push(engine, registry, spark_plan, image, evidence=evidence)
     assert all(registry.digest(spark_plan.repository, tag) is None for tag in spark_plan.tags)

@@ -167,7 +167,7 @@ def test_the_baseline_round_trips_and_a_regressed_image_keeps_the_readable_tags(
 
         # Where the check does not hold tags, a regressed image moves them (and is still flagged).
         loose = dataclasses.replace(p2.target.check, bench_hold_tags=False)
-        p3 = dataclasses.replace(p2, target=dataclasses.replace(p2.target, check=loose), content_tag=f"{p2.content_tag}-2")
+        p3 = dataclasses.replace(p2, target=dataclasses.replace(p2.target, checks=(loose,)), content_tag=f"{p2.content_tag}-2")
         night3 = a_run(p3, second, recorded("slower.json"), found)
         pipeline.publish_image(ctx, night3)
         assert night3.status == pipeline.Status.REGRESSED

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import PATCH_YAML, ROOT, run_sparkbuild
+from tests.conftest import PATCH_YAML, ROOT, quick_checks, run_sparkbuild
 
 SPARK_ID = "vllm-0.33.0-cu130-sm121"
 # The checkout's working files that are not sparkbuild's sources.
@@ -161,20 +161,21 @@ def test_the_installed_tool_runs_the_local_nightly_in_a_team_folder(
 ) -> None:
     """The README's main job, from the wheel: build (or find) the image, verify it, publish it."""
     # The installed venv has no torch (that is sparkbuild[model]): the checkout makes the check model
-    # in the session's cache, and the team's run gets a copy in a cache of its own (its registry apart
-    # from the session's, so the local nightly test still publishes a fresh image there).
+    # in the session's cache, and the team's run gets a copy in a cache of its own. Its registry is
+    # the session's storage (the image's layers pushed once per session), under a repository of its
+    # own, so the local nightly test still publishes a fresh image to sparkbuild/vllm-cpu.
     made = run_sparkbuild("model", "alphabet", env={"SPARKBUILD_CACHE": str(cache)})
     assert made.returncode == 0
     model = Path(made.stdout.strip())
     own = tmp_path / "cache"
     shutil.copytree(model, own / model.relative_to(cache))
+    (cache / "registry").mkdir(exist_ok=True)
+    (own / "registry").symlink_to(cache / "registry")
     env = {"SPARKBUILD_CACHE": str(own), "SPARKBUILD_DATE": "20261121"}
-    try:
-        done = sparkbuild(installed, team, "nightly", "--profile", "local", "--json", env=env, check=False)
-    finally:
-        # The image pushed to this run's embedded registry is GBs a CI disk need not keep.
-        if (own / "registry").exists():
-            shutil.rmtree(own / "registry")
+    matrix = quick_checks(team / "matrix.yaml")
+    matrix.write_text(matrix.read_text().replace("repository: sparkbuild/vllm-cpu", "repository: sparkbuild-test/team-vllm-cpu"))
+    assert "sparkbuild-test/team-vllm-cpu" in matrix.read_text()
+    done = sparkbuild(installed, team, "nightly", "--profile", "local", "--json", env=env, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     (row,) = json.loads(done.stdout)
     assert row["status"] == "published" and row["digest"].startswith("sha256:")

@@ -75,6 +75,33 @@ def test_first_nightly_wrote_a_verify_result_with_answers_and_speed(nightly: Nig
     assert (nightly.out / TARGET / "benchmark.png").is_file()
 
 
+def test_the_second_check_served_a_moe_through_the_gate_with_no_benchmark(nightly: Nightlies, cache: Path) -> None:
+    if nightly.first_row["status"] == "up to date":
+        pytest.skip("the image was already published by an earlier run with this cache")
+    assert nightly.first_row["checks"] == [
+        {"check": "alphabet", "ok": True, "error": None},
+        {"check": "moe-alphabet", "ok": True, "error": None},
+    ]
+    assert "moe-alphabet: 1/1 answers, moe CPU" in nightly.first.stdout
+    folder = nightly.out / TARGET / "checks" / "moe-alphabet"
+    data = json.loads((folder / "verify.json").read_text())
+    assert data["ok"] is True and data["benchmark"] is None and "moe-alphabet" in data["model"]
+    (moe,) = data["kernels"]
+    assert moe["ok"] and moe["chosen"][0]["backend"] == "CPU" and "MoE backend" in moe["chosen"][0]["line"]
+    assert "MoE backend" in (folder / "server.log").read_text()
+    # Each check's result is attached to the published image; inspect shows both, the benchmarked first.
+    env = {**nightly.env, "SPARKBUILD_REGISTRY": ""}
+    with embedded(cache / "registry") as registry:
+        repository = nightly.image.split(":")[0]
+        shown = sparkbuild("inspect", f"{registry.host}/{repository}@{nightly.first_row['digest']}", "--json", env=env)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    results = json.loads(shown.stdout)["verify"]
+    assert [(r["check"], r["ok"], r["benchmark"] is not None) for r in results] == [
+        ("alphabet", True, True),
+        ("moe-alphabet", True, False),
+    ]
+
+
 def test_second_nightly_builds_nothing(nightly: Nightlies) -> None:
     assert nightly.second_row["status"] == "up to date"
     assert nightly.second_row["digest"] == nightly.first_row["digest"]
@@ -106,7 +133,7 @@ def cat(engine: Engine, image: str, path: str) -> str:
 
 def test_verify_fails_on_a_model_that_answers_something_else(nightly: Nightlies, cache: Path) -> None:
     wrong = model.ensure(cache, "alphabet-reversed")
-    result = sparkbuild("verify", nightly.image, "--model", str(wrong), env=nightly.env)
+    result = sparkbuild("verify", nightly.image, "--check", "alphabet", "--model", str(wrong), env=nightly.env)
     assert result.returncode == 6
     assert "expected ' g h i j', received ' e d c b'" in result.stderr
     assert "Traceback" not in result.stderr
@@ -114,7 +141,7 @@ def test_verify_fails_on_a_model_that_answers_something_else(nightly: Nightlies,
 
 def test_verify_fails_fast_when_the_server_dies(nightly: Nightlies, tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text('{"architectures": ["NoSuchModelForCausalLM"], "model_type": "nope"}')
-    result = sparkbuild("verify", nightly.image, "--model", str(tmp_path), env=nightly.env)
+    result = sparkbuild("verify", nightly.image, "--check", "alphabet", "--model", str(tmp_path), env=nightly.env)
     assert result.returncode == 6
     assert "the server exited (code" in result.stderr
     assert "its last log lines" in result.stderr

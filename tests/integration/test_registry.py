@@ -36,6 +36,34 @@ def test_embedded_registry_listens_on_loopback_only_and_stops(tmp_path: Path) ->
     assert (tmp_path / "reg" / "storage").is_dir()
 
 
+def test_the_embedded_registry_keeps_its_address_so_the_next_push_sends_no_layer_it_holds(
+    engine: Engine, base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "reg"
+    with embedded(data) as registry:
+        host = registry.host
+        engine.tag(base, f"{host}/sparkbuild-test/first", "1")
+        engine.push(f"{host}/sparkbuild-test/first", "1")
+    assert capsys.readouterr().err.count(" layer(s) sent, 0 already in the registry") == 1
+    # A later run on the same storage: the same address, so Docker mounts the layers it pushed there.
+    with embedded(data) as again:
+        assert again.host == host
+        engine.tag(base, f"{host}/sparkbuild-test/second", "1")
+        engine.push(f"{host}/sparkbuild-test/second", "1")
+    assert "  0 layer(s) sent, 1 already in the registry (found or mounted)" in capsys.readouterr().err
+    # The port taken by something else: a new one, kept for the next run.
+    address, port = host.rsplit(":", 1)
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the registry's connections may be in TIME_WAIT
+        other.bind((address, int(port)))
+        other.listen()
+        with embedded(data) as moved:
+            assert moved.host != host and requests.get(f"{moved.base_url}/", timeout=5).status_code == 200
+    assert (data / "port").read_text().strip() == moved.host.rsplit(":", 1)[1]
+    for name in (f"{host}/sparkbuild-test/first:1", f"{host}/sparkbuild-test/second:1"):
+        engine.client.images.remove(name)
+
+
 def test_publish_pushes_by_digest_then_moves_readable_tags(engine: Engine, base: str, registry: Registry, tmp_path: Path) -> None:
     p = plan.make(Options.from_env(matrix=ROOT / "matrix.yaml", date="20261121"))[0]
     # Publish a small image under the plan's names: pushing the real vLLM image is the nightly test's job.

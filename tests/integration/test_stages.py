@@ -15,7 +15,7 @@ import pytest
 from builder import build, plan, sources
 from builder.engine import Engine
 from builder.options import Options
-from builder.registry import Registry
+from builder.registry import Registry, embedded
 from tests.conftest import ROOT, git, git_daemon
 
 pytestmark = pytest.mark.docker
@@ -115,6 +115,13 @@ def local_matrix(tmp_path: Path, serve: dict[str, int]) -> Path:
 
 def actions(result: build.BuildResult) -> dict[str, str]:
     return {s.name: s.action for s in result.stages}
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """One registry for this module's tests: the local torch stage (GBs) is pushed to it once."""
+    with embedded(tmp_path_factory.mktemp("registry")) as reg:
+        yield reg
 
 
 def test_stages_are_built_once_shared_and_pulled_by_another_runner(

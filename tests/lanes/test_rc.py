@@ -11,7 +11,7 @@ import pytest
 
 from builder.engine import Engine
 from builder.registry import embedded
-from tests.conftest import ROOT
+from tests.conftest import ROOT, quick_checks
 from tests.lanes.conftest import Upstream, sparkbuild
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -38,7 +38,7 @@ def rc_matrix(path: Path, upstream: Upstream) -> Path:
             repository: sparkbuild-test/vllm-rc
         """)
     )
-    return path
+    return quick_checks(path)
 
 
 def test_rc_lane_checks_builds_verifies_publishes_and_then_does_nothing(

@@ -249,10 +249,17 @@ def variants(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder / "matrix.yaml"
 
 
-def test_an_arch_list_whose_cubins_do_not_load_on_sm121_fails_naming_the_units(variants: Path, tmp_path: Path) -> None:
-    done = rehearse(tmp_path, "--matrix", str(variants), "--only", "vllm-0.33.0-cu130-sm120a")
+@pytest.fixture(scope="module")
+def failed(variants: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """Both variants rehearsed by one command (one offline source set-up): each fails, neither stops the other."""
+    out = tmp_path_factory.mktemp("variants-out")
+    done = rehearse(out, "--matrix", str(variants), "--only", "vllm-0.33.0-cu130-sm120a", "--only", "vllm-0.33.0-cu130-fault")
     assert done.returncode == 8, done.stderr[-3000:]
-    (result,) = json.loads(done.stdout)
+    return {r["target"]: r for r in json.loads(done.stdout)}
+
+
+def test_an_arch_list_whose_cubins_do_not_load_on_sm121_fails_naming_the_units(failed: dict[str, dict[str, Any]]) -> None:
+    result = failed["vllm-0.33.0-cu130-sm120a"]
     audit = result["preflight"]
     assert result["status"] == "failed (preflight)" and not audit["ok"]
     failing = {u["file"] for u in audit["units"] if u["verdict"] == "none"}
@@ -264,10 +271,8 @@ def test_an_arch_list_whose_cubins_do_not_load_on_sm121_fails_naming_the_units(v
     assert result["stages"] == []  # stopped before any stage was built
 
 
-def test_a_patched_unit_that_does_not_compile_for_its_code_fails_naming_it(variants: Path, tmp_path: Path) -> None:
-    done = rehearse(tmp_path, "--matrix", str(variants), "--only", "vllm-0.33.0-cu130-fault")
-    assert done.returncode == 8, done.stderr[-3000:]
-    (result,) = json.loads(done.stdout)
+def test_a_patched_unit_that_does_not_compile_for_its_code_fails_naming_it(failed: dict[str, dict[str, Any]]) -> None:
+    result = failed["vllm-0.33.0-cu130-fault"]
     compiled = {c["file"]: c for c in result["preflight"]["compiled"]}
     fault = compiled["csrc/quantization/fp4/nvfp4_quant_entry.cu"]
     assert not fault["ok"] and "not supported on .target 'sm_120'" in fault["error"]

@@ -140,6 +140,43 @@ def test_unknown_check_and_base(write_matrix: MatrixWriter) -> None:
     assert "unknown base 'debb'. Perhaps you meant 'deb'?" in error_of(write_matrix(LOCAL.replace("base: deb", "base: debb")))
 
 
+def test_a_target_runs_one_check_or_several_the_first_benchmarked(write_matrix: MatrixWriter) -> None:
+    two = """\
+checks:
+  alphabet:
+    model: alphabet
+    prompts: [{name: c, api: completions, prompt: "c d e f", expect: " g h i j", max_tokens: 4}]
+  moe:
+    model: moe-alphabet
+    prompts: [{name: c, api: completions, prompt: "c d e f", expect: " g h i j", max_tokens: 4}]
+    kernels: {moe: CPU}
+bases:
+  deb:
+    debootstrap: {suite: bookworm, mirror: "http://deb.debian.org/debian", include: [python3]}
+"""
+    (one,) = matrix.load(write_matrix(LOCAL)).targets
+    assert [c.name for c in one.checks] == ["alphabet"] and one.check.name == "alphabet"
+    (both,) = matrix.load(
+        write_matrix(two + LOCAL.replace("check: alphabet", "check: [moe, alphabet]"), with_checks=False)
+    ).targets
+    assert [c.name for c in both.checks] == ["moe", "alphabet"] and both.check.name == "moe"
+    assert both.checks[0].expected_kernels == {"moe": ("CPU",)}
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("[alphabet, alphabte]", "targets[0].check[1]: unknown check 'alphabte'. Perhaps you meant 'alphabet'?"),
+        ("[alphabet, alphabet]", "targets[0].check[1]: check 'alphabet' is named twice"),
+        ("[]", "targets[0].check: name at least one check (the first is benchmarked)"),
+        ("{a: b}", "targets[0].check: expected a list, got a mapping"),
+    ],
+)
+def test_a_bad_check_list_names_the_entry(write_matrix: MatrixWriter, value: str, message: str) -> None:
+    path = write_matrix(LOCAL.replace("check: alphabet", f"check: {value}"))
+    assert f"{path}:{line_of(path, 'check:')}: {message}" in error_of(path)
+
+
 def test_duplicate_yaml_key_is_an_error(write_matrix: MatrixWriter) -> None:
     path = write_matrix(LOCAL + '    torch: "2.12.0"\n')
     assert "duplicate key 'torch'" in error_of(path)

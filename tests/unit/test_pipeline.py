@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from builder import benchmark, log, patch, pipeline, plan
-from builder.errors import BuildError
+from builder import benchmark, kernelpath, log, patch, pipeline, plan, verify
+from builder.errors import BuildError, ToolMissingError, VerifyError
 from builder.options import Options
 from builder.registry import Registry
 from builder.verify import Answer, VerifyResult
@@ -180,3 +180,44 @@ def test_a_row_shows_the_aggregate_where_the_per_request_rate_came_in_bursts() -
     bursts = dataclasses.replace(first, figures=dataclasses.replace(first.figures, tokens_per_s_per_request=None))
     run.result = dataclasses.replace(run.result, benchmark=dataclasses.replace(bench, levels=(bursts, *bench.levels[1:])))
     assert "decode c=1: TTFT 14 ms, 241 tok/s" in pipeline.summary_table([run])
+
+
+def test_a_target_with_several_checks_shows_each_and_fails_naming_each_that_failed() -> None:
+    run = a_run(pipeline.Status.PUBLISHED)
+    assert run.result is not None
+    line = "Using CPU Unquantized MoE backend out of potential backends: ['CPU']"
+    moe = dataclasses.replace(
+        run.result,
+        check="moe-alphabet",
+        benchmark=None,
+        kernels=(kernelpath.Chosen(kind="moe", expected=("CPU",), found=(("CPU", line),)),),
+    )
+    wrong = VerifyError("img gave 1 wrong answer(s) of 1")
+    run.verified = verify.Verified(
+        checks=("alphabet", "moe-alphabet", "moe-fp8"),
+        results={"alphabet": run.result, "moe-alphabet": moe},
+        failures={"moe-fp8": ToolMissingError("moe-fp8: cannot make the model")},
+    )
+    row = run.row()
+    assert row["verify"] == (
+        "alphabet: 1/1 answers, decode c=1: TTFT 14 ms, 241 tok/s; moe-alphabet: 1/1 answers, moe CPU; moe-fp8: FAILED"
+    )
+    assert row["checks"] == [
+        {"check": "alphabet", "ok": True, "error": None},
+        {"check": "moe-alphabet", "ok": True, "error": None},
+        {"check": "moe-fp8", "ok": False, "error": "moe-fp8: cannot make the model"},
+    ]
+    # One failure is raised as it was (its exit code); several in one message, of the first one's kind.
+    with pytest.raises(ToolMissingError, match="cannot make the model"):
+        run.verified.require()
+    several = dataclasses.replace(run.verified, failures={"moe-alphabet": wrong, **run.verified.failures})
+    assert pipeline.verified_cell(several).startswith("alphabet: 1/1 answers")
+    assert "moe-alphabet: FAILED (1/1 answers, moe CPU)" in pipeline.verified_cell(several)
+    with pytest.raises(VerifyError, match=r"2 of 3 checks failed:\ncheck moe-alphabet: img gave .*\ncheck moe-fp8: moe-fp8"):
+        several.require()
+
+
+def test_each_further_check_writes_its_result_in_its_own_folder(tmp_path: Path) -> None:
+    (p,) = plan.make(Options.from_env(matrix=ROOT / "matrix.yaml", profile="local"))
+    files = verify.result_files(tmp_path / "verify.json", p.target.checks)
+    assert files == {"alphabet": tmp_path / "verify.json", "moe-alphabet": tmp_path / "checks" / "moe-alphabet" / "verify.json"}
