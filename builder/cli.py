@@ -435,16 +435,18 @@ def publish_cmd(registry: str | None, unverified: bool, **kwargs: Any) -> None:
 
 
 def require_verified(opts: Options, p: plan.TargetPlan, unverified: bool) -> None:
-    from builder import build
+    """A passing result of every check of the target, each naming this image, or --unverified."""
+    from builder import build, verify
 
     if unverified:
         return
-    result = opts.out / p.id / "verify.json"
-    ok = result.is_file() and (data := json.loads(result.read_text())).get("ok") and data.get("image") == build.local_ref(p)
-    if not ok:
+    local = build.local_ref(p)
+    files = verify.result_files(opts.out / p.id / "verify.json", p.target.checks)
+    lacking = [f"{name} ({path})" for name, path in files.items() if not verify.passed(path, local)]
+    if lacking:
         raise VerifyError(
-            f"{build.local_ref(p)} has no passing verify result in {result}; run "
-            f"`sparkbuild verify {build.local_ref(p)}` first, or pass --unverified"
+            f"{local} has no passing verify result of check {', '.join(lacking)}; run "
+            f"`sparkbuild verify {local}` first, or pass --unverified"
         )
 
 

@@ -132,6 +132,15 @@ def result_files(first: Path, checks: Sequence[Check]) -> dict[str, Path]:
     return {c.name: first if i == 0 else first.parent / "checks" / c.name / first.name for i, c in enumerate(checks)}
 
 
+def passed(result_file: Path, image: str) -> bool:
+    """Whether ``result_file`` is a passing result of ``image`` (what publish requires of each check)."""
+    try:
+        data = json.loads(result_file.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("ok") is True and data.get("image") == image
+
+
 @dataclass(frozen=True, kw_only=True)
 class Verified:
     """What every check of a target gave: a result for each that served its answers, and the

@@ -221,3 +221,24 @@ def test_each_further_check_writes_its_result_in_its_own_folder(tmp_path: Path) 
     (p,) = plan.make(Options.from_env(matrix=ROOT / "matrix.yaml", profile="local"))
     files = verify.result_files(tmp_path / "verify.json", p.target.checks)
     assert files == {"alphabet": tmp_path / "verify.json", "moe-alphabet": tmp_path / "checks" / "moe-alphabet" / "verify.json"}
+
+
+def test_publish_wants_a_passing_result_of_every_check_of_this_image(tmp_path: Path) -> None:
+    from builder import build, cli
+
+    opts = Options.from_env(matrix=ROOT / "matrix.yaml", profile="local", out=tmp_path)
+    (p,) = plan.make(opts)
+    files = verify.result_files(tmp_path / p.id / "verify.json", p.target.checks)
+    for path in files.values():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    files["alphabet"].write_text(json.dumps({"ok": True, "image": build.local_ref(p)}))
+    with pytest.raises(
+        VerifyError, match=r"no passing verify result of check moe-alphabet \(.*checks/moe-alphabet/verify.json\)"
+    ):
+        cli.require_verified(opts, p, unverified=False)
+    files["moe-alphabet"].write_text(json.dumps({"ok": True, "image": "another/image:1"}))  # not this image's
+    with pytest.raises(VerifyError, match="check moe-alphabet"):
+        cli.require_verified(opts, p, unverified=False)
+    files["moe-alphabet"].write_text(json.dumps({"ok": True, "image": build.local_ref(p)}))
+    cli.require_verified(opts, p, unverified=False)
+    cli.require_verified(dataclasses.replace(opts, out=tmp_path / "none"), p, unverified=True)
