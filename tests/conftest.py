@@ -9,8 +9,10 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
+from urllib.parse import urljoin
 
 import pytest
+import requests
 import yaml
 
 from builder import base_image, gitrepo, matrix, options
@@ -94,7 +96,38 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     models = Path(os.environ.get("SPARKBUILD_TEST_MODELS") or options.default_cache() / "models")
     models.mkdir(parents=True, exist_ok=True)
     (folder / "models").symlink_to(models)
+    (folder / "registry").symlink_to(emptied_registry())
     return folder
+
+
+def emptied_registry() -> Path:
+    """The embedded registry storage of the session's cache: kept from one session to the next as
+    a layer cache (SPARKBUILD_TEST_REGISTRY, default ``~/.cache/sparkbuild/test-registry``), and
+    emptied of every image through the registry's API as the session starts, so each session
+    publishes anew. Its blobs stay: at the address the registry keeps (builder/registry.py), Docker
+    mounts the layers an earlier session pushed instead of compressing the local image again
+    (minutes). Remove the folder to start from nothing."""
+    data = Path(os.environ.get("SPARKBUILD_TEST_REGISTRY") or options.default_cache() / "test-registry")
+    with embedded(data) as registry:
+        for repository in catalog(registry):
+            for tag in registry.tags(repository):
+                digest = registry.digest(repository, tag)
+                if digest is not None:  # None: an earlier delete took this tag with its manifest
+                    registry.delete(repository, digest)
+    return data
+
+
+def catalog(registry: Registry) -> list[str]:
+    """Every repository of the registry, page by page (``Link: <...>; rel="next"``)."""
+    found: list[str] = []
+    url: str | None = f"{registry.base_url}/_catalog?n=100"
+    while url is not None:
+        response = requests.get(url, timeout=30)
+        response.raise_for_status()
+        found += response.json().get("repositories") or []
+        following = response.links.get("next", {}).get("url")
+        url = None if following is None else urljoin(registry.base_url, following)
+    return found
 
 
 @pytest.fixture(scope="session")
