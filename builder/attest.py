@@ -29,7 +29,6 @@ VERIFY_MEDIA_TYPE = "application/vnd.sparkbuild.verify+json"
 CHECK = "io.sparkbuild.check"
 # Made at publish from the image and the plan; then one verify result per check.
 MADE = ("sbom", "provenance")
-KINDS = (*MADE, "verify")
 # What `oras pull` saves each as.
 FILES = {"sbom": "sbom.cdx.json", "provenance": "provenance.intoto.json", "verify": "verify.json"}
 
