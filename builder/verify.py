@@ -76,13 +76,6 @@ class VerifyResult:
         return data
 
 
-def verify(engine: Engine, image: str, check: Check, model: Path, result_file: Path, *, gpus: bool = False) -> VerifyResult:
-    """Run the check against ``image`` (given every GPU when ``gpus``: a Spark image), its speed
-    included; writes ``result_file`` and the server's log beside it, and raises on a wrong answer
-    or kernel path."""
-    return require(serve_check(engine, image, check, model, result_file, gpus=gpus), result_file)
-
-
 def serve_check(
     engine: Engine, image: str, check: Check, model: Path, result_file: Path, *, gpus: bool = False, bench: bool = True
 ) -> VerifyResult:
