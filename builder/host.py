@@ -1,0 +1,134 @@
+"""What this host is, read from the operating system: its platform, its CPU's features, its memory.
+
+The local profile builds its image for the host's own platform and serves it on the host's CPU, so
+which checks can run depends on the host: vLLM's CPU image takes an AMX path for bfloat16 and
+quantized MoE on CPUs that have AMX and another path on CPUs without. ``doctor`` reports these
+facts; verify reads them to skip, before any server starts, a check the host cannot run.
+"""
+
+from __future__ import annotations
+
+import os
+import platform as _platform
+from dataclasses import dataclass
+from pathlib import Path
+
+# What `uname -m` prints, by the OCI platform it runs natively.
+MACHINES = {"x86_64": "linux/amd64", "amd64": "linux/amd64", "aarch64": "linux/arm64", "arm64": "linux/arm64"}
+# The other way: the machine name binfmt_misc and /proc/cpuinfo use for each OCI platform.
+PLATFORM_MACHINES = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
+CPUINFO = Path("/proc/cpuinfo")
+BINFMT = Path("/proc/sys/fs/binfmt_misc")
+# x86 feature flags that decide which CPU kernels vLLM takes (its CPU build dispatches on them).
+X86_FEATURES = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
+ARM_FEATURES = ("asimd", "sve", "sve2", "bf16", "i8mm")
+
+
+class UnknownMachineError(ValueError):
+    """``uname -m`` printed a machine sparkbuild builds no image for."""
+
+
+def platform_of(machine: str) -> str:
+    """The OCI platform a machine name (``uname -m``) runs natively: ``linux/amd64`` or ``linux/arm64``."""
+    try:
+        return MACHINES[machine.lower()]
+    except KeyError:
+        known = ", ".join(sorted(MACHINES))
+        raise UnknownMachineError(f"machine '{machine}' is none sparkbuild builds for (known: {known})") from None
+
+
+def machine() -> str:
+    return _platform.machine()
+
+
+def host_platform() -> str:
+    """This host's own OCI platform."""
+    return platform_of(machine())
+
+
+def cpu_flags(cpuinfo: str) -> frozenset[str]:
+    """The CPU's feature flags from the text of /proc/cpuinfo: ``flags`` on x86, ``Features`` on Arm."""
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+def cpu_model(cpuinfo: str) -> str:
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in ("model name", "Model", "Hardware"):
+            return value.strip()
+    return ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cpu:
+    model: str
+    cores: int
+    flags: frozenset[str]
+
+    @property
+    def amx(self) -> bool:
+        """Intel AMX with bfloat16 (vLLM's CPU build then takes its AMX grouped GEMM for MoE)."""
+        return {"amx_tile", "amx_bf16"} <= self.flags
+
+    @property
+    def avx512(self) -> bool:
+        return "avx512f" in self.flags
+
+    def features(self) -> tuple[str, ...]:
+        """The features that matter to vLLM's CPU kernels, in a fixed order."""
+        return tuple(f for f in (*X86_FEATURES, *ARM_FEATURES) if f in self.flags)
+
+
+def read_cpu(path: Path = CPUINFO) -> Cpu:
+    text = path.read_text(errors="replace") if path.is_file() else ""
+    return Cpu(model=cpu_model(text), cores=os.cpu_count() or 1, flags=cpu_flags(text))
+
+
+def memory_gb(meminfo: Path = Path("/proc/meminfo")) -> float | None:
+    """Total memory, or None where /proc/meminfo is not there."""
+    if not meminfo.is_file():
+        return None
+    for line in meminfo.read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) / 1024 / 1024
+    return None
+
+
+def can_run(platform: str, binfmt: Path = BINFMT) -> tuple[bool, str]:
+    """Whether an image of ``platform`` runs on this host: natively, or through a binfmt_misc
+    handler (qemu-user) for its machine; with the reason in words."""
+    own = host_platform()
+    if platform == own:
+        return True, f"{platform} is this host's own platform"
+    wanted = PLATFORM_MACHINES.get(platform, platform)
+    handlers = binfmt_handlers(binfmt)
+    if wanted in handlers:
+        return True, f"{platform} runs under emulation (binfmt_misc handler {handlers[wanted]})"
+    return False, (
+        f"{platform} images cannot run on this {own} host: no binfmt_misc handler for {wanted} "
+        "(install qemu-user-static and binfmt-support, or build for the host's own platform)"
+    )
+
+
+def binfmt_handlers(binfmt: Path = BINFMT) -> dict[str, str]:
+    """The enabled binfmt_misc handlers by the machine they run (``aarch64`` -> ``qemu-aarch64``)."""
+    found: dict[str, str] = {}
+    if not binfmt.is_dir():
+        return found
+    for entry in sorted(binfmt.iterdir()):
+        if entry.name in ("register", "status") or not entry.is_file():
+            continue
+        try:
+            text = entry.read_text(errors="replace")
+        except OSError:
+            continue  # an entry the kernel does not let this user read is none we can use
+        if not text.startswith("enabled"):
+            continue
+        for name in PLATFORM_MACHINES.values():
+            if name in entry.name:
+                found[name] = entry.name
+    return found
