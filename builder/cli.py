@@ -259,6 +259,7 @@ def accept_cmd(as_json: bool, **kwargs: Any) -> None:
 @cli.command("closure")
 @click.option("--matrix", type=click.Path(path_type=Path), help="Matrix file (default: matrix.yaml).")
 @click.option("--only", multiple=True, metavar="GLOB", help="Only targets whose id matches (repeatable).")
+@click.option("--profile", type=click.Choice(["local", "spark"]), help="Only targets of this profile.")
 @click.option("--lock", type=click.Path(path_type=Path), help="Lock file (default: <matrix>.lock.json).")
 @click.option(
     "--offline",
@@ -266,15 +267,23 @@ def accept_cmd(as_json: bool, **kwargs: Any) -> None:
     help="Read vLLM's requirements from its PyPI sdist (no git remote needed), relaxing the matrix's `rehearsal: relax:` pins.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print every closure as JSON.")
-def closure_cmd(matrix: Path | None, only: tuple[str, ...], lock: Path | None, offline: bool, as_json: bool) -> None:
-    """Resolve each Spark target's runtime for its own platform and Python: every wheel must exist, torch a CUDA build."""
+def closure_cmd(
+    matrix: Path | None, only: tuple[str, ...], profile: str | None, lock: Path | None, offline: bool, as_json: bool
+) -> None:
+    """Resolve each target's runtime for its own platform and Python: every wheel must exist, torch the
+    build the target asks for (Spark: its CUDA build; local: the CPU build); what cannot be checked from
+    here is named, never passed."""
     from builder import closure, gitrepo, plan, sources
 
     opts = make_options(matrix=matrix, only=only, lock=lock)
     m = plan.load_matrix(opts)
-    targets = plan.select(tuple(t for t in m.targets if t.profile == "spark" and t.vllm.kind != "candidate"), opts.only, None)
+    targets = plan.select(tuple(t for t in m.targets if t.vllm.kind != "candidate"), opts.only, profile)
     found = []
     for t in targets:
+        if t.profile == "local":
+            with log.step(f"Closure of {t.id} for {t.platform}"):
+                found.append(closure.check_local(t, opts))
+            continue
         if offline:
             tree = sources.vllm_sdist(t.vllm.version, opts.cache)
             t = dataclasses.replace(t, relax=m.rehearsal.relax)  # this machine's index gaps
@@ -294,7 +303,7 @@ def closure_cmd(matrix: Path | None, only: tuple[str, ...], lock: Path | None, o
     bad = [c for c in found if not c.ok]
     if bad:
         raise errors.BuildError(
-            f"{len(bad)} of {len(found)} target(s) have no installable runtime here: "
+            f"{len(bad)} of {len(found)} target(s) have no runtime proven installable here: "
             + "; ".join(f"{c.target}: {c.verdict}" for c in bad)
         )
 

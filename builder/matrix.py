@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from packaging.version import InvalidVersion, Version
 
-from builder import kernelpath, lock, oci, packaged, patch, validate, yamlsrc
+from builder import host, kernelpath, lock, oci, packaged, patch, validate, yamlsrc
 from builder.errors import ConfigError
 from builder.externals import External
 from builder.model import names as recipe_names
@@ -529,8 +529,12 @@ def _defaults_doc() -> Located:
         return yamlsrc.load(path)
 
 
-def load(file: Path, pins: lock.Lock | None = None) -> Matrix:
-    """Load, validate and expand a matrix file into targets; ``pins`` fills commits and digests."""
+def load(file: Path, pins: lock.Lock | None = None, *, local_platform: str | None = None) -> Matrix:
+    """Load, validate and expand a matrix file into targets; ``pins`` fills commits and digests.
+
+    A local target that names no ``platform:`` (not in its entry, its axes or the matrix's
+    ``defaults:``) is for ``local_platform``: by default this host's own, so the local profile
+    builds and serves natively on x86_64 and on aarch64 (a DGX Spark) alike."""
     pins = pins or lock.Lock()
     if not file.exists():
         raise ConfigError(
@@ -557,6 +561,7 @@ def load(file: Path, pins: lock.Lock | None = None) -> Matrix:
             merged: dict[str, Sourced] = {}
             for layer in (*layers, *combo):
                 merged.update(layer)
+            merged = _local_platform(doc, ("targets", index), merged, local_platform)
             target = _pin(_target(doc, ("targets", index), merged, checks, bases, patch_folders, upstreams), pins)
             if target.id in seen:
                 raise doc.fail(
@@ -709,6 +714,24 @@ def _expand(doc: Located, path: DocPath, entry: Any) -> list[list[dict[str, Sour
     if not combos:
         raise doc.fail(path, "exclude: removes every combination of this target's axes")
     return [[base, combo] for combo in combos]
+
+
+def _local_platform(doc: Located, path: DocPath, merged: dict[str, Sourced], wanted: str | None) -> dict[str, Sourced]:
+    """A local target's platform from the host (or ``wanted``) where only defaults.yaml names one:
+    the local image is vLLM's CPU wheel, served on the machine that builds it."""
+    profile = merged.get("profile")
+    _, src, where = merged["platform"]
+    if profile is None or profile[0] != "local" or src.file == doc.file:
+        return merged
+    if wanted is None:
+        try:
+            wanted = host.host_platform()
+        except host.UnknownMachineError as exc:
+            raise doc.fail(
+                path,
+                f"a local target is for this host's own platform, but {exc}; give it 'platform: linux/amd64' or 'linux/arm64'",
+            ) from None
+    return {**merged, "platform": (wanted, src, where)}
 
 
 def _target(

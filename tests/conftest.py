@@ -15,11 +15,22 @@ import pytest
 import requests
 import yaml
 
-from builder import base_image, gitrepo, matrix, options
+from builder import base_image, gitrepo, host, matrix, options
 from builder.engine import Engine
 from builder.registry import Registry, embedded
 
 ROOT = Path(__file__).resolve().parent.parent
+# The local profile builds and serves for this host's own platform (the shipped matrix names none):
+# tests that build or run an image, or name the local target, take it from here, so the suite runs
+# the same on x86_64 and aarch64.
+LOCAL_PLATFORM = host.host_platform()
+
+
+def local_id(version: str = "0.32.0") -> str:
+    """The id of a local target of vLLM ``version`` (``rc`` in the rc lane) on this host:
+    ``vllm-0.32.0-cpu-amd64`` on x86_64, ``vllm-0.32.0-cpu-arm64`` on aarch64."""
+    return matrix.target_id(version, None, "", LOCAL_PLATFORM)
+
 
 CHECKS = """\
 checks:

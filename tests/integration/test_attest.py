@@ -26,7 +26,7 @@ from builder.errors import PublishError
 from builder.options import Options
 from builder.registry import Registry
 from builder.verify import Answer, VerifyResult
-from tests.conftest import ROOT
+from tests.conftest import LOCAL_PLATFORM, ROOT
 from tests.unit.cli_runner import sparkbuild
 from tests.unit.test_attest import pinned_spark_plan
 
@@ -54,7 +54,7 @@ def image(engine: Engine, base: str, spark_plan: plan.TargetPlan, tmp_path: Path
     (context / "Dockerfile").write_text(DOCKERFILE.format(base=base))
     (context / "manifest.json").write_text(json.dumps(spark_plan.manifest(), indent=2))
     engine.build(
-        context=context, tag=LOCAL, platform="linux/amd64", labels={}, build_args={}, secrets={}, log_file=tmp_path / "build.log"
+        context=context, tag=LOCAL, platform=LOCAL_PLATFORM, labels={}, build_args={}, secrets={}, log_file=tmp_path / "build.log"
     )
     try:
         yield LOCAL
@@ -231,7 +231,7 @@ def build_stages(engine: Engine, base: str, refs: dict[str, str], folder: Path, 
         dockerfile = STAGE_DOCKERFILE.format(base=base, wheel=STAND_INS[stage], build_env=build_env, stage=stage)
         (context / "Dockerfile").write_text(dockerfile)
         log = context / "build.log"
-        engine.build(context=context, tag=ref, platform="linux/amd64", labels={}, build_args={}, secrets={}, log_file=log)
+        engine.build(context=context, tag=ref, platform=LOCAL_PLATFORM, labels={}, build_args={}, secrets={}, log_file=log)
 
 
 def test_publish_attaches_the_wheels_its_stages_made_and_sparkbuild_wheels_fetches_them(

@@ -23,11 +23,11 @@ from builder.matrix import Check
 from builder.options import Options
 from builder.publish import last_good_tag
 from builder.registry import Registry, free_port
-from tests.conftest import ROOT
+from tests.conftest import LOCAL_PLATFORM, ROOT, local_id
 
 pytestmark = pytest.mark.docker
 
-TARGET = "vllm-0.32.0-cpu-amd64"
+TARGET = local_id()
 RECORDED = ROOT / "tests" / "unit" / "data" / "bench"
 
 
@@ -135,7 +135,7 @@ def test_the_baseline_round_trips_and_a_regressed_image_keeps_the_readable_tags(
     engine.build(
         context=tmp_path / "ctx",
         tag=second,
-        platform="linux/amd64",
+        platform=LOCAL_PLATFORM,
         labels={},
         build_args={},
         secrets={},

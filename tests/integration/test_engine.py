@@ -13,6 +13,7 @@ import pytest
 
 from builder.engine import Engine, find_build_cli
 from builder.errors import BuildError
+from tests.conftest import LOCAL_PLATFORM
 
 pytestmark = pytest.mark.docker
 
@@ -43,7 +44,7 @@ def test_build_uses_buildkit_cache_mounts_and_secrets(engine: Engine, base: str,
     engine.build(
         context=tmp_path,
         tag=ref,
-        platform="linux/amd64",
+        platform=LOCAL_PLATFORM,
         labels={"a.b": "c"},
         build_args={},
         secrets={"tok": secret},
@@ -63,7 +64,7 @@ def test_a_failed_build_raises_with_its_last_lines(
         engine.build(
             context=tmp_path,
             tag="sparkbuild-test/fail:1",
-            platform="linux/amd64",
+            platform=LOCAL_PLATFORM,
             labels={},
             build_args={},
             secrets={},

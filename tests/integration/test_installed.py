@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import PATCH_YAML, ROOT, quick_checks, run_sparkbuild
+from tests.conftest import PATCH_YAML, ROOT, local_id, quick_checks, run_sparkbuild
 
 SPARK_ID = "vllm-0.33.0-cu130-sm121"
 # The checkout's working files that are not sparkbuild's sources.
@@ -114,16 +114,16 @@ def test_a_patch_of_the_team_is_used_and_moves_the_tag(installed: Path, team: Pa
 
 
 def test_a_profile_of_the_team_wins_over_the_packaged_one(installed: Path, team: Path) -> None:
-    before = plan_json(installed, team)["vllm-0.32.0-cpu-amd64"]
+    before = plan_json(installed, team)[local_id()]
     shutil.copytree(site_packages(installed) / "builder" / "resources" / "dockerfiles" / "local", team / "dockerfiles" / "local")
     runtime = team / "dockerfiles" / "local" / "90-runtime.Dockerfile.j2"
     runtime.write_text(runtime.read_text() + "# the team's own line\n")
     after = plan_json(installed, team)
-    assert after["vllm-0.32.0-cpu-amd64"]["found"]["templates"] == {
+    assert after[local_id()]["found"]["templates"] == {
         "path": str(team / "dockerfiles" / "local"),
         "origin": "beside the matrix",
     }
-    assert after["vllm-0.32.0-cpu-amd64"]["content_tag"] != before["content_tag"]
+    assert after[local_id()]["content_tag"] != before["content_tag"]
     assert after[SPARK_ID]["found"]["templates"]["origin"] == "packaged"  # no dockerfiles/spark here
 
 

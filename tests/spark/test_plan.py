@@ -18,7 +18,7 @@ from builder.errors import ConfigError
 from builder.matrix import BuildJobs
 from builder.options import Options
 from builder.registry import Registry
-from tests.conftest import ROOT
+from tests.conftest import ROOT, local_id
 
 GIB = toolchain.GIB
 BIN = Path(sys.executable).parent
@@ -180,7 +180,7 @@ def froms(dockerfile: str) -> list[tuple[str, str | None]]:
 def test_every_shipped_target_renders_its_stages(rendered: dict[str, list[Path]]) -> None:
     stages = {t: [f.name for f in folders] for t, folders in rendered.items()}
     assert stages == {
-        "vllm-0.32.0-cpu-amd64": ["01-torch", "02-runtime"],
+        local_id(): ["01-torch", "02-runtime"],
         "vllm-0.33.0-cu130-sm121": ["01-flashinfer", "02-vllm", "03-runtime"],
         "vllm-0.19.0-cu129-sm121": ["01-flashinfer", "02-vllm", "03-runtime"],
     }
@@ -200,7 +200,7 @@ def test_every_from_is_pinned_by_digest_or_made_here(rendered: dict[str, list[Pa
                     assert re.fullmatch(r"sparkbuild/stages:[a-z-]+-[0-9a-f]{16}", image), (folder, image)
                     names.add(name)
                     continue
-                if target.endswith("cpu-amd64"):
+                if target == local_id():
                     # The local profile's base is made here by debootstrap and named by its recipe's hash.
                     assert re.fullmatch(r"sparkbuild/base:[a-z0-9.-]+-[0-9a-f]{16}", image), (folder, image)
                 else:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from builder import lock, matrix, packaged, patch, plan
+from builder import host, lock, matrix, packaged, patch, plan
 from builder.errors import ConfigError
-from tests.conftest import CHECKS, PATCH_YAML, ROOT, MatrixWriter
+from tests.conftest import CHECKS, LOCAL_PLATFORM, PATCH_YAML, ROOT, MatrixWriter, local_id
 
 LOCAL = """\
 targets:
@@ -36,7 +36,7 @@ def line_of(path: Path, needle: str) -> int:
 def test_the_shipped_matrix_loads() -> None:
     m = matrix.load(ROOT / "matrix.yaml")
     assert [t.id for t in m.targets] == [
-        "vllm-0.32.0-cpu-amd64",
+        local_id(),
         "vllm-0.33.0-cu130-sm121",
         "vllm-0.19.0-cu129-sm121",
         "vllm-rc-cu130-sm121",
@@ -52,6 +52,38 @@ def test_a_local_target_gets_defaults_and_a_readable_id(write_matrix: MatrixWrit
     assert target.tags == ("{vllm_version}-{date}", "nightly")
     assert target.check.concurrency == (1, 2, 5, 10)
     assert target.base.debootstrap is not None and target.base.debootstrap.variant == "minbase"
+
+
+@pytest.mark.parametrize(("platform", "suffix"), [("linux/amd64", "amd64"), ("linux/arm64", "arm64")])
+def test_the_shipped_local_target_is_for_the_hosts_platform(platform: str, suffix: str) -> None:
+    """The shipped local target names no platform: it is the host's (``local_platform`` stands in for
+    each kind of host here); the Spark targets stay linux/arm64 on every host."""
+    m = matrix.load(ROOT / "matrix.yaml", local_platform=platform)
+    local = next(t for t in m.targets if t.profile == "local")
+    assert (local.id, local.platform) == (f"vllm-0.32.0-cpu-{suffix}", platform)
+    assert {t.platform for t in m.targets if t.profile == "spark"} == {"linux/arm64"}
+    host_local = next(t for t in matrix.load(ROOT / "matrix.yaml").targets if t.profile == "local")
+    assert (host_local.id, host_local.platform) == (local_id(), LOCAL_PLATFORM)
+
+
+def test_a_platform_the_matrix_names_wins_over_the_hosts(write_matrix: MatrixWriter) -> None:
+    (own,) = matrix.load(write_matrix(LOCAL), local_platform="linux/arm64").targets
+    assert (own.id, own.platform) == ("vllm-0.32.0-cpu-amd64", "linux/amd64")
+    defaults = "defaults:\n  platform: linux/arm64\n" + LOCAL.replace("    platform: linux/amd64\n", "")
+    (from_defaults,) = matrix.load(write_matrix(defaults), local_platform="linux/amd64").targets
+    assert from_defaults.platform == "linux/arm64"
+
+
+def test_a_host_with_no_local_image_is_told_to_name_a_platform(
+    write_matrix: MatrixWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A fake machine name: there is no riscv64 host to run this on, and only the name is read.
+    monkeypatch.setattr(host, "machine", lambda: "riscv64")
+    path = write_matrix(LOCAL.replace("    platform: linux/amd64\n", ""))
+    message = error_of(path)
+    assert f"{path}:{line_of(path, '- profile')}: targets[0]:" in message
+    assert "machine 'riscv64'" in message and "give it 'platform: linux/amd64' or 'linux/arm64'" in message
+    assert matrix.load(write_matrix(LOCAL)).targets[0].platform == "linux/amd64"  # a named platform needs no host
 
 
 def test_spark_ids_name_version_cuda_and_arch() -> None:
