@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder import __version__, build, log, pipeline, plan, verify
+from builder import __version__, build, doctor, log, pipeline, plan, verify
 from builder.engine import Engine
 from builder.errors import ConfigError, FatalError
 from builder.options import Options
@@ -104,6 +104,7 @@ def accept(opts: Options) -> Acceptance:
         "gpu": p.target.gpu if p.target.cuda else "none",
         "content_tag": p.content_tag,
     }
+    doctor.require([p.target], opts, registry=False)
     engine = Engine()
     out = opts.out / p.id
     built = _step(result, "build", lambda: _build(engine, p, opts, result))

@@ -73,6 +73,25 @@ def cli() -> None:
     """Build, patch, verify and publish vLLM images for the NVIDIA DGX Spark."""
 
 
+@cli.command("doctor")
+@click.option("--matrix", type=click.Path(path_type=Path), help="Matrix file (default: matrix.yaml).")
+@click.option("--lock", type=click.Path(path_type=Path), help="Lock file (default: <matrix>.lock.json).")
+@click.option("--registry", help="host:port of the registry the lanes would use (default: SPARKBUILD_REGISTRY).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def doctor_cmd(matrix: Path | None, lock: Path | None, registry: str | None, as_json: bool) -> None:
+    """What this host can run: machine, CPU features, memory, disk, engine and BuildKit, emulation, GPU
+    and driver, registry; then each profile, target and check of the matrix, and why not."""
+    from builder import doctor
+
+    found = doctor.report(make_options(matrix=matrix, lock=lock, registry=registry))
+    if as_json:
+        emit_json(found.to_json())
+    else:
+        click.echo(found.text())
+    if found.matrix_error is not None:
+        raise ConfigError(found.matrix_error)
+
+
 @cli.command("init")
 @click.option("--matrix", type=click.Path(path_type=Path, dir_okay=False), help="Where to write it (default: ./matrix.yaml).")
 def init_cmd(matrix: Path | None) -> None:
@@ -166,12 +185,13 @@ def render_cmd(out_dir: Path, **kwargs: Any) -> None:
 @waiting
 def build_cmd(registry: str | None, as_json: bool, **kwargs: Any) -> None:
     """Build the images of the selected targets (no verify, no publish)."""
-    from builder import build, disk, pipeline, plan, runlock
+    from builder import build, disk, doctor, pipeline, plan, runlock
     from builder.engine import Engine
 
     opts = make_options(registry=registry, **kwargs)
-    engine = Engine()
     plans = plan.make(opts)
+    doctor.require([p.target for p in plans], opts, registry=opts.registry is not None, gpu=False)
+    engine = Engine()
     with contextlib.ExitStack() as stack:
         stack.enter_context(runlock.run(opts.cache, wait=opts.wait))
         root = disk.engine_root(engine.client.info())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -99,6 +100,64 @@ def buildx_driver(inspect_output: str) -> str:
         if key.strip() == "Driver" and value.strip():
             return value.strip()
     return "unknown"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineFacts:
+    """What ``sparkbuild doctor`` reads of the engine: whether it answers, what it is, where it keeps
+    images, and the docker CLI that drives BuildKit (found whether or not the engine answers)."""
+
+    address: str
+    reachable: bool
+    error: str | None = None
+    version: str | None = None
+    # ``uname -m`` of the machine the engine runs on (x86_64, aarch64).
+    architecture: str | None = None
+    root: str | None = None
+    runtimes: tuple[str, ...] = ()
+    cli: BuildCli | None = None
+    cli_error: str | None = None
+
+
+def probe(timeout_s: float = 10) -> EngineFacts:
+    """Ask the engine what it is, within ``timeout_s``; never raises for an engine that is not there."""
+    address = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    try:
+        cli, cli_error = find_build_cli(), None
+    except EngineError as exc:
+        cli, cli_error = None, str(exc)
+    try:
+        client = docker.from_env(timeout=timeout_s)
+        client.ping()
+        info: dict[str, Any] = client.info()
+        version = str(client.version().get("Version") or info.get("ServerVersion") or "unknown")
+    except (docker.errors.DockerException, requests.RequestException) as exc:
+        return EngineFacts(
+            address=address,
+            reachable=False,
+            error=f"no Docker engine answers at {address} ({_cause(exc)}); {ENGINE_HELP}",
+            cli=cli,
+            cli_error=cli_error,
+        )
+    return EngineFacts(
+        address=address,
+        reachable=True,
+        version=version,
+        architecture=str(info.get("Architecture") or "") or None,
+        root=str(info.get("DockerRootDir") or "") or None,
+        runtimes=tuple(sorted(info.get("Runtimes") or {})),
+        cli=cli,
+        cli_error=cli_error,
+    )
+
+
+def _cause(exc: Exception) -> str:
+    """The operating system's words under docker-py's wrapping (``[Errno 111] Connection refused``)."""
+    text = str(exc)
+    found = re.search(r"\[Errno \d+\] [^'\")]+", text) or re.search(r"\w+Error\(\d+, '([^']+)'\)", text)
+    if found is None:
+        return text
+    return found.group(1) if found.lastindex else found.group(0)
 
 
 class PushFailed(Exception):

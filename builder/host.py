@@ -1,4 +1,5 @@
-"""What this host is, read from the operating system: its platform, its CPU's features, its memory.
+"""What this host is, read from the operating system: its platform, its CPU's features, its memory,
+its binfmt_misc handlers and its NVIDIA GPUs (nvidia-smi).
 
 The local profile builds its image for the host's own platform and serves it on the host's CPU, so
 which checks can run depends on the host: vLLM's CPU image takes an AMX path for bfloat16 and
@@ -10,6 +11,9 @@ from __future__ import annotations
 
 import os
 import platform as _platform
+import re
+import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,20 +102,41 @@ def memory_gb(meminfo: Path = Path("/proc/meminfo")) -> float | None:
     return None
 
 
-def can_run(platform: str, binfmt: Path = BINFMT) -> tuple[bool, str]:
+def can_run(platform: str, binfmt: Path = BINFMT, native: str | None = None) -> tuple[bool, str]:
     """Whether an image of ``platform`` runs on this host: natively, or through a binfmt_misc
-    handler (qemu-user) for its machine; with the reason in words."""
-    own = host_platform()
+    handler (qemu-user) for its machine; with the reason in words. ``native``: the platform the
+    engine runs natively (default: this host's)."""
+    own = native or host_platform()
     if platform == own:
         return True, f"{platform} is this host's own platform"
     wanted = PLATFORM_MACHINES.get(platform, platform)
     handlers = binfmt_handlers(binfmt)
     if wanted in handlers:
-        return True, f"{platform} runs under emulation (binfmt_misc handler {handlers[wanted]})"
+        flags = binfmt_flags(binfmt / handlers[wanted]) or "none"
+        if "F" not in flags:
+            return False, (
+                f"{platform} images cannot run on this {own} host: binfmt_misc handler {handlers[wanted]} has no F flag "
+                f"(flags: {flags}), so containers cannot reach its interpreter; install qemu-user-static, which "
+                "registers it with F"
+            )
+        return True, f"{platform} runs under emulation (binfmt_misc handler {handlers[wanted]}; slow)"
     return False, (
         f"{platform} images cannot run on this {own} host: no binfmt_misc handler for {wanted} "
         "(install qemu-user-static and binfmt-support, or build for the host's own platform)"
     )
+
+
+def binfmt_flags(entry: Path) -> str:
+    """The ``flags:`` of a binfmt_misc entry (``F``: the interpreter is opened when registered, so it
+    works inside containers, which do not have it in their own file system)."""
+    try:
+        text = entry.read_text(errors="replace")
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        if line.startswith("flags:"):
+            return line.partition(":")[2].strip()
+    return ""
 
 
 def binfmt_handlers(binfmt: Path = BINFMT) -> dict[str, str]:
@@ -132,3 +157,77 @@ def binfmt_handlers(binfmt: Path = BINFMT) -> dict[str, str]:
             if name in entry.name:
                 found[name] = entry.name
     return found
+
+
+# --- NVIDIA GPUs ------------------------------------------------------------------------------
+
+SMI_FIELDS = "index,name,driver_version,compute_cap,memory.total"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gpu:
+    index: int
+    name: str
+    driver: str
+    # "12.1" for a GB10, "9.0" for an H100.
+    compute_cap: str
+    # None where the GPU has no memory of its own to report (the GB10's is unified with the CPU's).
+    memory_mib: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gpus:
+    """What nvidia-smi says: the GPUs, the driver, and the newest CUDA version the driver supports;
+    ``error`` says why none were read (no nvidia-smi, no driver loaded)."""
+
+    found: tuple[Gpu, ...] = ()
+    cuda: str | None = None
+    error: str | None = None
+
+    @property
+    def driver(self) -> str | None:
+        return self.found[0].driver if self.found else None
+
+
+def parse_gpus(csv_text: str) -> tuple[Gpu, ...]:
+    """Rows of ``nvidia-smi --query-gpu=index,name,driver_version,compute_cap,memory.total
+    --format=csv,noheader,nounits``."""
+    found = []
+    for line in csv_text.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != 5 or not cells[0].isdigit():
+            continue
+        index, name, driver, cap, memory = cells
+        found.append(
+            Gpu(index=int(index), name=name, driver=driver, compute_cap=cap, memory_mib=int(memory) if memory.isdigit() else None)
+        )
+    return tuple(found)
+
+
+def parse_cuda_version(smi_text: str) -> str | None:
+    """The CUDA version the driver supports, from nvidia-smi's banner (``CUDA Version: 13.0``)."""
+    match = re.search(r"CUDA Version\s*:\s*(\d+\.\d+)", smi_text)
+    return match.group(1) if match else None
+
+
+def read_gpus(smi: str | None = None, timeout_s: float = 30) -> Gpus:
+    """The NVIDIA GPUs nvidia-smi reports; none (with why) where it is not installed or fails."""
+    smi = smi or shutil.which("nvidia-smi")
+    if smi is None:
+        return Gpus(error="nvidia-smi is not installed (no NVIDIA driver on this host)")
+    try:
+        banner = subprocess.run([smi], capture_output=True, text=True, timeout=timeout_s, check=False)
+        query = subprocess.run(
+            [smi, f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Gpus(error=f"{smi} did not answer: {exc}")
+    if query.returncode != 0:
+        said = (query.stdout + query.stderr).strip().splitlines()
+        return Gpus(error=f"{smi} failed (exit {query.returncode}): {said[0] if said else 'no output'}")
+    found = parse_gpus(query.stdout)
+    return Gpus(found=found, cuda=parse_cuda_version(banner.stdout), error=None if found else f"{smi} lists no GPU")

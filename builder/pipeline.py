@@ -30,6 +30,7 @@ from builder import (
     build,
     closure,
     disk,
+    doctor,
     fsutil,
     gitrepo,
     kernelpath,
@@ -395,6 +396,8 @@ def nightly(opts: Options, *, table_to_stderr: bool = False) -> list[TargetRun]:
     with log.step("Planning"):
         m = plan.load_matrix(opts)
         plans = plan.plan_lane(m, opts)
+    with log.step("Checking this host"):
+        doctor.require([p.target for p in plans], opts)
     runs = [TargetRun(p) for p in plans]
     with (
         runlock.run(opts.cache, wait=opts.wait),

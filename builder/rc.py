@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder import fsutil, gitrepo, log, matrix, patch, pipeline, plan, resolve, runlock, yamlsrc
+from builder import doctor, fsutil, gitrepo, log, matrix, patch, pipeline, plan, resolve, runlock, yamlsrc
 from builder.errors import ConfigError
 from builder.externals import External
 
@@ -134,6 +134,9 @@ def rc(opts: Options, *, dry_run: bool = False, table_to_stderr: bool = False) -
         with log.step(f"External projects of vLLM {candidate.tag}"):
             found = resolve.externals_at(opts, candidate.repo, candidate.commit, {}, m.mirrored)
     plans = [plan.plan_target(for_candidate(t, candidate, found), m.patch_folders, opts) for t in targets]
+    if not dry_run:
+        with log.step("Checking this host"):
+            doctor.require([p.target for p in plans], opts)
     runs = [TargetRun(p) for p in plans]
     path = state_file(opts)
     result = LaneResult(candidate, runs, dry_run)

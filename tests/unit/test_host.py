@@ -53,7 +53,7 @@ def test_a_foreign_platform_runs_only_with_a_binfmt_handler(tmp_path: Path) -> N
     ok, reason = host.can_run(other, tmp_path)
     assert not ok and "binfmt_misc" in reason and "qemu-user-static" in reason
     name = host.PLATFORM_MACHINES[other]
-    (tmp_path / f"qemu-{name}").write_text("enabled\ninterpreter /usr/bin/qemu-" + name + "\n")
+    (tmp_path / f"qemu-{name}").write_text("enabled\ninterpreter /usr/bin/qemu-" + name + "\nflags: POCF\n")
     (tmp_path / "status").write_text("enabled\n")
     ok, reason = host.can_run(other, tmp_path)
     assert ok and f"qemu-{name}" in reason
