@@ -409,7 +409,7 @@ class Report:
                     counted += " (`sparkbuild rehearse` builds their stages here without a GPU)"
             rows.append((f"profile {profile}", "yes" if entry["runnable"] else "no", counted))
             for v in (v for v in self.verdicts if v.target.profile == profile):
-                why = "; ".join(b.short for b in v.blockers) or "; ".join(v.notes)
+                why = "; ".join([*(b.short for b in v.blockers), *v.notes])
                 rows.append((f"  {v.target.id}", "yes" if v.runnable else "no", why))
                 own = dict(v.own)
                 for name, reason in v.checks:

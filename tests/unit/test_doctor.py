@@ -117,6 +117,8 @@ def test_an_x86_host_with_amx_and_an_h100_runs_the_local_profile_and_no_spark_im
     for spark in ("vllm-0.33.0-cu130-sm121", "vllm-0.19.0-cu129-sm121"):
         assert shorts(judged[spark]) == ["linux/arm64 does not run here", "needs a compute 12.1 GPU, not 9.0"]
     assert "this host has NVIDIA H100 80GB HBM3 (9.0)" in judged["vllm-0.33.0-cu130-sm121"].blockers[1].reason
+    # The driver's CUDA against each target's, said even where the GPU is not the image's.
+    assert judged["vllm-0.19.0-cu129-sm121"].notes == ("driver CUDA 13.0 >= 12.9",)
     text = doctor.host_lines(found)
     assert any("AVX-512 yes, AMX yes" in line for line in text)
     assert any("NVIDIA H100 80GB HBM3 (compute 9.0, 80 GiB); driver 580.159.04, CUDA 13.0" in line for line in text)
