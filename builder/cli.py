@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import shlex
 import signal
 import sys
@@ -83,7 +84,9 @@ def doctor_cmd(matrix: Path | None, lock: Path | None, registry: str | None, as_
     and driver, registry; then each profile, target and check of the matrix, and why not."""
     from builder import doctor
 
-    found = doctor.report(make_options(matrix=matrix, lock=lock, registry=registry))
+    # Before `sparkbuild init` there is no matrix: the host is still worth a report.
+    optional = matrix is None and not os.environ.get("SPARKBUILD_MATRIX")
+    found = doctor.report(make_options(matrix=matrix, lock=lock, registry=registry), matrix_optional=optional)
     if as_json:
         emit_json(found.to_json())
     else:

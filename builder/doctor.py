@@ -367,6 +367,7 @@ def judge(target: Target, facts: Facts, *, registry: bool = True, gpu: bool = Tr
 @dataclass(frozen=True, kw_only=True)
 class Report:
     facts: Facts
+    # The matrix judged; None where there is none to judge (no matrix.yaml where doctor runs).
     matrix: str | None
     matrix_error: str | None = None
     verdicts: tuple[TargetVerdict, ...] = ()
@@ -397,8 +398,10 @@ class Report:
         return "\n".join([*host_lines(self.facts), "", *self.matrix_lines()])
 
     def matrix_lines(self) -> list[str]:
+        if self.matrix is None:
+            return ["matrix: none here (`sparkbuild init` writes one; --matrix FILE names another)"]
         if self.matrix_error is not None:
-            return [f"matrix: {self.matrix_error}"]
+            return [f"matrix {self.matrix}: invalid, nothing judged (the error follows)"]
         lines = [f"what can run here (matrix {self.matrix}):"]
         rows: list[tuple[str, str, str]] = []
         for profile, entry in self.profiles().items():
@@ -476,11 +479,14 @@ def _registry(registry: RegistryFacts) -> str:
     return f"NONE: docker-registry is not installed and SPARKBUILD_REGISTRY is not set; {REGISTRY_HELP}"
 
 
-def report(opts: Options, *, registry: str | None = None) -> Report:
-    """This host's facts and what of the matrix (every target, both lanes) can run here."""
+def report(opts: Options, *, registry: str | None = None, matrix_optional: bool = False) -> Report:
+    """This host's facts and what of the matrix (every target, both lanes) can run here;
+    ``matrix_optional``: the host alone where the matrix file is not there."""
     from builder import plan  # planning loads Jinja2 and the patch engine: after the facts
 
     facts = gather(opts, registry=registry)
+    if matrix_optional and not opts.matrix.exists():
+        return Report(facts=facts, matrix=None)
     try:
         m = plan.load_matrix(opts)
     except ConfigError as exc:

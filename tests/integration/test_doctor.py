@@ -5,9 +5,11 @@ error saying what to do, its exit code, and no work started."""
 from __future__ import annotations
 
 import json
+import os
 import platform
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +95,19 @@ def test_doctor_on_a_broken_matrix_reports_the_host_and_exits_2(tmp_path: Path) 
     assert done.returncode == 2 and "Traceback" not in done.stderr
     found = json.loads(done.stdout)
     assert found["host"]["platform"] == LOCAL_PLATFORM and "YAML syntax error" in found["matrix"]["error"]
+
+
+def test_doctor_where_there_is_no_matrix_yet_reports_the_host(tmp_path: Path) -> None:
+    """Before `sparkbuild init`: the host alone, exit 0."""
+    env = {k: v for k, v in os.environ.items() if k != "SPARKBUILD_MATRIX"}
+    done = subprocess.run(
+        [sys.executable, "-m", "builder", "doctor", "--json"], cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout)
+    assert found["matrix"] == {"file": None, "error": None, "profiles": {}, "targets": []}
+    assert found["host"]["platform"] == LOCAL_PLATFORM
 
 
 def nightly_env(tmp_path: Path, **extra: str) -> dict[str, str]:
