@@ -62,16 +62,6 @@ class Facts:
     gpus: host.Gpus
     registry: RegistryFacts
 
-    @property
-    def native(self) -> str | None:
-        """The platform the engine runs natively: its machine's, else this host's."""
-        if self.engine.architecture:
-            try:
-                return host.platform_of(self.engine.architecture)
-            except host.UnknownMachineError:
-                return None
-        return self.platform
-
     def to_json(self) -> dict[str, Any]:
         return {
             "machine": self.machine,
@@ -111,10 +101,20 @@ class Facts:
         }
 
 
+def native(platform: str | None, engine: EngineFacts) -> str | None:
+    """The platform the engine runs natively: its machine's where it says, else this host's."""
+    if not engine.architecture:
+        return platform
+    try:
+        return host.platform_of(engine.architecture)
+    except host.UnknownMachineError:
+        return None
+
+
 def platforms(native: str | None, binfmt: Path = host.BINFMT) -> dict[str, tuple[bool, str]]:
     """Whether images of each platform sparkbuild builds run where the engine runs."""
     if native is None:
-        return {p: (False, f"this host's machine '{host.machine()}' runs no image sparkbuild builds") for p in PLATFORMS}
+        return {p: (False, "the engine's machine is none sparkbuild builds images for") for p in sorted(PLATFORMS)}
     return {p: host.can_run(p, binfmt, native=native) for p in sorted(PLATFORMS)}
 
 
@@ -125,12 +125,6 @@ def gather(opts: Options, *, registry: str | None = None) -> Facts:
     except host.UnknownMachineError:
         platform = None
     engine = probe()
-    native = platform
-    if engine.architecture:
-        try:
-            native = host.platform_of(engine.architecture)
-        except host.UnknownMachineError:
-            native = None
     return Facts(
         machine=host.machine(),
         platform=platform,
@@ -138,7 +132,7 @@ def gather(opts: Options, *, registry: str | None = None) -> Facts:
         memory_gb=host.memory_gb(),
         disks=disks(opts.cache, engine.root),
         engine=engine,
-        platforms=platforms(native),
+        platforms=platforms(native(platform, engine)),
         binfmt=host.binfmt_handlers(),
         gpus=host.read_gpus(),
         registry=registry_facts(registry if registry is not None else opts.registry),
@@ -147,7 +141,7 @@ def gather(opts: Options, *, registry: str | None = None) -> Facts:
 
 def disks(cache: Path, engine_root: str | None) -> tuple[Disk, ...]:
     found = [Disk(what="the cache", path=str(cache), free_gb=_free_gb(cache))]
-    if engine_root and Path(engine_root).is_dir():  # an engine on another machine keeps its images there
+    if engine_root and Path(engine_root).is_dir():  # not where the engine runs on another machine
         found.append(Disk(what="Docker's data root", path=engine_root, free_gb=_free_gb(Path(engine_root))))
     return tuple(found)
 
