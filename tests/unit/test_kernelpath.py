@@ -156,3 +156,13 @@ def test_a_kind_the_gate_does_not_know_is_a_matrix_error(write_matrix: MatrixWri
     with pytest.raises(ConfigError, match=r"kernels.*gemm"):
         matrix.load(write_matrix(MOE_CHECK.format(kernels="{gemm: cutlass}"), with_checks=False))
 
+
+def test_a_check_may_accept_unverified_kernel_patterns_and_says_so_by_name(write_matrix: MatrixWriter) -> None:
+    body = MOE_CHECK.format(kernels="{moe: CPU}\n    accept_unverified_kernel_patterns: true")
+    (target,) = matrix.load(write_matrix(body, with_checks=False)).targets
+    assert target.check.accept_unverified_kernel_patterns is True
+    (default,) = matrix.load(write_matrix(MOE_CHECK.format(kernels="{moe: CPU}"), with_checks=False)).targets
+    assert default.check.accept_unverified_kernel_patterns is False
+    maybe = MOE_CHECK.format(kernels="{moe: CPU}\n    accept_unverified_kernel_patterns: maybe")
+    with pytest.raises(ConfigError, match=r"accept_unverified_kernel_patterns"):
+        matrix.load(write_matrix(maybe, with_checks=False))
