@@ -34,7 +34,7 @@ CACHE = ".sparkbuild-log-statements.json"
 _IDENTIFIER = re.compile(r"[A-Za-z_][\w-]*")
 _LITERAL = re.compile(r"\"([^\"\\\n]{1,200})\"|'([^'\\\n]{1,200})'")
 # What the cache holds: bump it when read_release changes what it stores.
-_FORMAT = 4
+_FORMAT = 5
 _PREFILTER = re.compile(r"[\"']Using |[Ff]all(?:ing|s)? ?back")
 
 
@@ -118,7 +118,7 @@ def globs(found: Mapping[str, Source] | None = None) -> tuple[str, ...]:
 class Release:
     version: str
     statements: tuple[logcalls.Statement, ...]
-    # Per file (relative path), the names it can put into a message (``_names``).
+    # Per file that logs a choice-like message (relative path), the names it can put into one.
     names: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
     def all_names(self) -> set[str]:
@@ -140,7 +140,7 @@ def read_release(version: str, tree: Path, patterns: Sequence[str]) -> Release:
     # Only a file whose text can hold a choice statement is parsed for statements (most cannot).
     texts = {p: p.read_text(encoding="utf-8", errors="replace") for p in files}
     spoken = [p for p, text in texts.items() if _PREFILTER.search(text)]
-    names = {p.relative_to(tree).as_posix(): frozenset(_names(text)) for p, text in texts.items()}
+    names = {p.relative_to(tree).as_posix(): frozenset(_names(texts[p])) for p in spoken}
     found = Release(version, tuple(logcalls.tree_statements(tree, spoken)), names)
     data = {"key": key, "statements": [asdict(s) for s in found.statements], "names": {f: sorted(n) for f, n in names.items()}}
     cached.write_text(json.dumps(data) + "\n", encoding="utf-8")

@@ -85,20 +85,22 @@ def words_no_release_of_the_range_logs(data: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("break_it", "said"),
+    ("break_it", "version", "said"),
     [
-        (unread_0_11_attention, "vLLM 0.11.1 vllm/platforms/cuda.py:377 info: 'Using {} backend.': a attention choice no pattern of ranges[2] reads"),
-        (unread_cpu_experts, "vLLM 0.32.0 vllm/model_executor/layers/fused_moe/oracle/unquantized.py:529 info_once: 'Using {} MoE backend': a moe"),
-        (past_the_newest_release, "kernel-paths.yaml ranges[0]: ends at 0.34.0, a release this check did not read"),
-        (words_no_release_of_the_range_logs, "ranges[0].kinds.attention.patterns[2] 'Using (?P<backend>[A-Za-z ]+?) backend on V1 engine' matches no attention choice vLLM 0.19.0 logs"),
+        (unread_0_11_attention, "0.11.1", "vLLM 0.11.1 vllm/platforms/cuda.py:377 info: 'Using {} backend.': a attention choice no pattern of ranges[2] reads"),
+        (unread_cpu_experts, "0.32.0", "vLLM 0.32.0 vllm/model_executor/layers/fused_moe/oracle/unquantized.py:529 info_once: 'Using {} MoE backend': a moe"),
+        (past_the_newest_release, "0.33.0", "kernel-paths.yaml ranges[0]: ends at 0.34.0, a release this check did not read"),
+        (words_no_release_of_the_range_logs, "0.19.0", "ranges[0].kinds.attention.patterns[2] 'Using (?P<backend>[A-Za-z ]+?) backend on V1 engine' matches no attention choice vLLM 0.19.0 logs"),
     ],
 )  # fmt: skip
 def test_a_table_that_disagrees_with_the_source_is_caught(
-    kernel_releases: dict[str, kernellogs.Release], break_it: Callable[[dict[str, Any]], None], said: str
+    kernel_releases: dict[str, kernellogs.Release], break_it: Callable[[dict[str, Any]], None], version: str, said: str
 ) -> None:
+    """The shipped table (which agrees with every release: the test above) broken as a table can be,
+    held to the one release that shows it."""
     data = yaml.safe_load(kernelpath.raw_text())
     break_it(data)
-    problems = kernellogs.check(kernelpath.parse(data, "t"), kernellogs.table_sources(), list(kernel_releases.values()), THROUGH)
+    problems = kernellogs.check(kernelpath.parse(data, "t"), kernellogs.table_sources(), [kernel_releases[version]], THROUGH)
     assert any(p.startswith(said) for p in problems), problems[:5]
 
 
