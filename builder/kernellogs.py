@@ -30,12 +30,13 @@ from builder.errors import ConfigError
 
 # The statements of a release are cached beside its tree, for this version of the reader.
 CACHE = ".sparkbuild-log-statements.json"
-# A file is parsed only if its text can hold a choice statement: a message starting "Using", or a fallback.
-_IDENTIFIER = re.compile(r"[A-Za-z_][\w-]*")
-_LITERAL = re.compile(r"\"([^\"\\\n]{1,200})\"|'([^'\\\n]{1,200})'")
 # What the cache holds: bump it when read_release changes what it stores.
 _FORMAT = 5
+# A file is parsed only if its text can hold a choice statement: a message starting "Using", or a fallback.
 _PREFILTER = re.compile(r"[\"']Using |[Ff]all(?:ing|s)? ?back")
+# The names a file can put into a message: identifiers, and the text of string literals.
+_IDENTIFIER = re.compile(r"[A-Za-z_][\w-]*")
+_LITERAL = re.compile(r"\"([^\"\\\n]{1,200})\"|'([^'\\\n]{1,200})'")
 
 
 @dataclass(frozen=True)
