@@ -144,6 +144,9 @@ class Check:
     # The kernel path the check expects: per kind (attention, moe, ...), the backends accepted,
     # as kernel-paths.yaml names them. verify's gate reads the server log for them.
     kernels: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # Read a vLLM newer than every range of kernel-paths.yaml with the newest range's patterns,
+    # unverified (every summary says so); off, such a vLLM fails the gate (builder/kernelpath.py).
+    accept_unverified_kernel_patterns: bool = False
     # A real model instead of a recipe: from the hub (downloaded on the runner), or a local folder.
     hub: HubModel | None = None
     path: Path | None = None
@@ -884,6 +887,7 @@ CHECK_KEYS = (
     "bench_threshold_pct",
     "bench_hold_tags",
     "kernels",
+    "accept_unverified_kernel_patterns",
 )
 PROMPT_KEYS = ("name", "api", "prompt", "expect", "contains", "regex", "max_tokens")
 EXPECT_KEYS: dict[str, Literal["exact", "contains", "regex"]] = {"expect": "exact", "contains": "contains", "regex": "regex"}
@@ -917,6 +921,7 @@ def _checks(doc: Located, defaults_doc: Located, value: Any) -> dict[str, Check]
             bench_threshold_pct=get("bench_threshold_pct", validate.positive_int),
             bench_hold_tags=get("bench_hold_tags", validate.boolean),
             kernels=_kernels(doc, (*path, "kernels"), spec.get("kernels")),
+            accept_unverified_kernel_patterns=get("accept_unverified_kernel_patterns", validate.boolean),
         )
         if not result[name].prompts:
             raise doc.fail((*path, "prompts"), "a check needs at least one prompt with its expected answer")

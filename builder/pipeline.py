@@ -430,6 +430,8 @@ def verify_cell(result: verify.VerifyResult) -> str:
     if first is not None:
         f = first.figures
         text += f", {first.scenario} c={first.concurrency}: TTFT {f.ttft_ms_p50:.0f} ms, {f.tokens_per_s:.0f} tok/s"
+    if result.kernels:  # the kernel path, and whether its patterns were unverified for this vLLM
+        text += f", {kernelpath.text(result.kernels)}"
     return text
 
 

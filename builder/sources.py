@@ -261,19 +261,20 @@ def unpack_matching(archive: Path, tree: Path, top: str, patterns: tuple[str, ..
     """Only the members of ``archive`` under ``top/`` whose path below it matches one of ``patterns``
     (``*`` within a folder, ``**/`` any folders), unpacked as ``tree``; returns how many files."""
     wanted = re.compile("|".join(f"(?:{glob_regex(p)})" for p in patterns))
-    with _staged(tree) as staging, tarfile.open(archive) as tar:
-        members = [
-            m
-            for m in tar.getmembers()
-            if m.isfile() and m.name.startswith(f"{top}/") and wanted.fullmatch(m.name[len(top) + 1 :])
-        ]
-        if not members:
+    count = 0
+    # One pass over the stream ("r|*"): a compressed archive read by seeking is decompressed again
+    # from its start for each seek back.
+    with _staged(tree) as staging, tarfile.open(archive, "r|*") as tar:
+        for member in tar:
+            if member.isfile() and member.name.startswith(f"{top}/") and wanted.fullmatch(member.name[len(top) + 1 :]):
+                tar.extract(member, staging, filter="data")
+                count += 1
+        if not count:
             raise SourceError(f"{archive}: nothing under {top}/ matches {', '.join(patterns)}")
-        tar.extractall(staging, members, filter="data")
         for child in (staging / top).iterdir():
             child.rename(staging / child.name)
         (staging / top).rmdir()
-    return len(members)
+    return count
 
 
 def glob_regex(pattern: str) -> str:

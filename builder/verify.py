@@ -278,7 +278,8 @@ def _gate(server: Server, check: Check, version: str, log_file: Path) -> tuple[k
             f"check {check.name} expects kernel paths ({', '.join(k for k, _ in check.kernels)}), which are read from the "
             "server's startup log: give it with --log FILE (for a container: docker logs NAME > FILE 2>&1)"
         )
-    chosen = tuple(kernelpath.gate(check.expected_kernels, text, version))
+    unverified_ok = check.accept_unverified_kernel_patterns
+    chosen = tuple(kernelpath.gate(check.expected_kernels, text, version, accept_unverified=unverified_ok))
     log.info(f"  kernel path (vLLM {version}): {kernelpath.text(chosen)}")
     return chosen
 

@@ -84,14 +84,20 @@ def reads(patches: Iterable[meta.Patch]) -> tuple[str, ...]:
 
 
 def tree(
-    version: str, cache: Path, patterns: tuple[str, ...], link: sources.IndexLink | None = None, full_ok: bool = True
+    version: str,
+    cache: Path,
+    patterns: tuple[str, ...],
+    link: sources.IndexLink | None = None,
+    full_ok: bool = True,
+    folder: str = TREES,
 ) -> Path:
     """The release's tree: a full unpacked sdist if there is one (and ``full_ok``), else the slice of
-    ``patterns`` (downloaded once, from ``link`` or the index's link for ``version``)."""
+    ``patterns`` (downloaded once, from ``link`` or the index's link for ``version``) kept under
+    ``cache/folder`` (each reader of other files its own folder, so none re-slices another's)."""
     full = cache / "sources" / f"vllm-{version}"
     if full_ok and (full / ".sparkbuild-unpacked").is_file():
         return full
-    slice_ = cache / TREES / f"vllm-{version}"
+    slice_ = cache / folder / f"vllm-{version}"
     stamp = slice_ / STAMP
     if stamp.is_file() and set(patterns) <= set(json.loads(stamp.read_text(encoding="utf-8"))["patterns"]):
         return slice_
@@ -105,10 +111,16 @@ def tree(
     return slice_
 
 
-def trees(found: Sequence[Release], cache: Path, patterns: tuple[str, ...], full_ok: bool = True) -> dict[str, Path]:
+def trees(
+    found: Sequence[Release], cache: Path, patterns: tuple[str, ...], full_ok: bool = True, folder: str = TREES
+) -> dict[str, Path]:
     """Every release's tree that has an sdist; downloads four at a time (network-bound)."""
     with ThreadPoolExecutor(max_workers=4) as pool:
-        done = {r.version: pool.submit(tree, r.version, cache, patterns, r.sdist, full_ok) for r in found if r.sdist is not None}
+        done = {
+            r.version: pool.submit(tree, r.version, cache, patterns, r.sdist, full_ok, folder)
+            for r in found
+            if r.sdist is not None
+        }
         return {version: future.result() for version, future in done.items()}
 
 

@@ -1,13 +1,15 @@
 """The kernel-path gate on recorded logs: the local CPU image's own (tests/unit/data/kernel-logs/,
-recorded from real servers: vLLM 0.32.0 CPU serving the alphabet Llama, and a tiny Mixtral), and
-CUDA lines written from the format strings of vLLM's source at each release (no GPU here to record
-them). The gate itself on a live server is tested in tests/integration/test_kernel_gate.py."""
+recorded from real servers: vLLM 0.32.0 CPU serving the alphabet Llama, and a tiny Mixtral); the
+table's version ranges and its file's errors. CUDA lines are made from each release's real log
+statements in tests/patches/test_kernel_logs.py (no GPU here to record them); the gate on a live
+server is tested in tests/integration/test_kernel_gate.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from builder import kernelpath, matrix
 from builder.errors import ConfigError, VerifyError
@@ -16,15 +18,59 @@ from tests.conftest import MatrixWriter
 LOGS = Path(__file__).parent / "data" / "kernel-logs"
 MIXTRAL = (LOGS / "vllm-0.32.0-cpu-mixtral.log").read_text()
 LLAMA = (LOGS / "vllm-0.32.0-cpu-llama.log").read_text()
-PREFIX = "(Worker pid=40) INFO 11-23 17:54:02 "
 
 
-def test_the_shipped_patterns_cover_every_release_from_0_10_and_release_candidates() -> None:
-    for version in ("0.10.0", "0.10.1.1", "0.11.2", "0.12.0", "0.14.1", "0.18.1", "0.19.0", "0.25.1", "0.33.0", "0.34.0rc1"):
-        assert kernelpath.for_version(version).kinds, version
+def test_the_shipped_ranges_cover_the_releases_read_and_end_at_the_newest() -> None:
+    for version in ("0.10.0", "0.10.1.1", "0.11.2", "0.12.0", "0.14.1", "0.18.1", "0.19.0", "0.25.1", "0.33.0", "0.33.0rc1"):
+        match = kernelpath.for_version(version)
+        assert match.range.kinds and not match.unverified, version
+    # A local version label (a source build's +cu130) is the release it was built from.
+    assert kernelpath.for_version("0.33.0+cu130").range.read_from == Version("0.33.0")
+    assert [str(r.read_from) for r in kernelpath.table()] == ["0.33.0", "0.18.1", "0.11.2"]
     assert kernelpath.kinds() == {"attention", "moe", "nvfp4_gemm"}
-    with pytest.raises(VerifyError, match=r"no kernel-path patterns for vLLM 0.9.2: .*Add a range for it to builder/resources"):
+    with pytest.raises(VerifyError, match=r"no kernel-path patterns for vLLM 0.9.2, older than every range"):
         kernelpath.for_version("0.9.2")
+
+
+@pytest.mark.parametrize("version", ["0.34.0", "0.33.1", "0.34.0rc1"])
+def test_a_vllm_newer_than_every_range_fails_closed_naming_the_table_to_extend(version: str) -> None:
+    with pytest.raises(VerifyError) as refused:
+        kernelpath.for_version(version)
+    said = str(refused.value)
+    assert f"no range of builder/resources/kernel-paths.yaml covers vLLM {version}" in said
+    assert "ranges[0] (vllm: '<=0.33.0,>=0.19.0'), was read from vLLM 0.33.0's source" in said
+    assert f"Extend ranges[0].vllm to '<={version}'" in said and "tests/patches/test_kernel_logs.py" in said
+    assert "accept_unverified_kernel_patterns: true" in said
+    accepted = kernelpath.for_version(version, accept_unverified=True)
+    assert accepted.range.read_from == Version("0.33.0")
+    why = f"vLLM {version}'s log words are unread: patterns of kernel-paths.yaml ranges[0], read from 0.33.0"
+    assert accepted.unverified == why
+
+
+def test_a_release_between_ranges_fails_closed_too() -> None:
+    """0.15.x has wheels only on PyPI: its source was never read, so no range holds it."""
+    with pytest.raises(VerifyError) as refused:
+        kernelpath.for_version("0.15.1")
+    assert "the nearest, ranges[1] (vllm: '!=0.15.*,<=0.18.1,>=0.12.0'), was read from vLLM 0.18.1" in str(refused.value)
+    assert "widen ranges[1].vllm (its span leaves 0.15.1 out: no sdist was read)" in str(refused.value)
+    assert kernelpath.for_version("0.15.1", accept_unverified=True).range.read_from == Version("0.18.1")
+    # Between two ranges: a release candidate of the first release of the newer one.
+    with pytest.raises(VerifyError, match=r"covers vLLM 0.19.0rc1: the nearest, ranges\[1\] .* Widen the range beside it"):
+        kernelpath.for_version("0.19.0rc1")
+
+
+def test_an_unverified_read_passes_only_with_the_key_and_every_summary_says_so() -> None:
+    """The recorded 0.32.0 log read as if a newer vLLM had written it: no newer release exists to
+    record (the one stand-in of this file, for a fault that cannot be produced for real)."""
+    with pytest.raises(VerifyError, match=r"covers vLLM 0.34.0"):
+        kernelpath.gate({"moe": ("CPU",)}, MIXTRAL, "0.34.0")
+    (chosen,) = kernelpath.gate({"moe": ("CPU",)}, MIXTRAL, "0.34.0", accept_unverified=True)
+    assert chosen.ok and chosen.unverified and chosen.to_json()["unverified"] == chosen.unverified
+    assert kernelpath.text([chosen]) == (
+        "moe CPU [UNVERIFIED: vLLM 0.34.0's log words are unread: patterns of kernel-paths.yaml ranges[0], read from 0.33.0]"
+    )
+    (wrong,) = kernelpath.gate({"moe": ("MARLIN",)}, MIXTRAL, "0.34.0", accept_unverified=True)
+    assert kernelpath.failures([wrong], "0.34.0")[-1] == f"  ({wrong.unverified})"
 
 
 def test_the_cpu_image_logs_its_moe_backend_and_the_gate_quotes_the_line() -> None:
@@ -48,89 +94,30 @@ def test_a_kind_the_log_never_names_is_a_failure_not_a_pass() -> None:
     assert "an unknown log format, or the model never took that path" in failed[0]
 
 
-@pytest.mark.parametrize(
-    ("version", "line", "kind", "backend"),
-    [
-        # platforms/cuda.py from 0.12: the enum name.
-        (
-            "0.33.0",
-            "Using TRITON_ATTN attention backend out of potential backends: ['FLASHINFER', 'TRITON_ATTN'].",
-            "attention",
-            "TRITON_ATTN",
-        ),
-        (
-            "0.19.0",
-            "Using FLASHINFER attention backend out of potential backends: ['FLASHINFER', 'TRITON_ATTN'].",
-            "attention",
-            "FLASHINFER",
-        ),
-        (
-            "0.14.0",
-            "Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN', 'FLASHINFER']",
-            "attention",
-            "FLASH_ATTN",
-        ),
-        # before 0.12: words, mapped to the enum names.
-        ("0.11.0", "Using Flash Attention backend on V1 engine.", "attention", "FLASH_ATTN"),
-        (
-            "0.10.2",
-            "Using FlashInfer backend with HND KV cache layout on V1 engine by default for Blackwell (SM 10.0) GPUs.",
-            "attention",
-            "FLASHINFER",
-        ),
-        # the fused-MoE oracles: NvFp4 (0.16 on), Mxfp4 (0.19 on), Fp8 (0.16 on).
-        (
-            "0.33.0",
-            "Using 'MARLIN' NvFp4 MoE backend out of potential backends: ['FLASHINFER_CUTLASS', 'VLLM_CUTLASS', 'MARLIN'].",
-            "moe",
-            "MARLIN",
-        ),
-        ("0.19.0", "Using 'FLASHINFER_CUTLASS_MXFP4_MXFP8' Mxfp4 MoE backend.", "moe", "FLASHINFER_CUTLASS_MXFP4_MXFP8"),
-        ("0.33.0", "Using TRITON Fp8 MoE backend out of potential backends: ['FLASHINFER_CUTLASS', 'TRITON'].", "moe", "TRITON"),
-        (
-            "0.17.0",
-            "Using 'VLLM_CUTLASS' NvFp4 MoE backend out of potential backends: ['VLLM_CUTLASS', 'MARLIN'].",
-            "moe",
-            "VLLM_CUTLASS",
-        ),
-        # older MoE lines in words.
-        ("0.17.0", "Using Marlin backend", "moe", "MARLIN"),
-        ("0.13.0", "Using Marlin for CompressedTensorsW4A4Nvfp4MoEMethod.", "moe", "MARLIN"),
-        ("0.11.0", "Using FlashInfer kernels for CompressedTensorsW4A4MoeMethod.", "moe", "FLASHINFER_CUTLASS"),
-        # NVFP4 linear layers.
-        ("0.33.0", "Using FlashInferCutlassNvFp4LinearKernel for NVFP4 GEMM", "nvfp4_gemm", "FLASHINFER_CUTLASS"),
-        ("0.19.0", "Using cutlass for NVFP4 GEMM", "nvfp4_gemm", "VLLM_CUTLASS"),
-        ("0.14.0", "Using marlin for NVFP4 GEMM", "nvfp4_gemm", "MARLIN"),
-    ],
-)
-def test_each_release_range_reads_its_own_words(version: str, line: str, kind: str, backend: str) -> None:
-    log = f"{PREFIX}[somewhere.py:1] {line}\n"
-    (chosen,) = kernelpath.gate({kind: (backend,)}, log, version)
-    assert [b for b, _ in chosen.found] == [backend] and chosen.ok
-
-
-def test_marlin_where_cutlass_is_expected_fails_naming_both() -> None:
-    log = f"{PREFIX}[nvfp4.py:270] Using 'MARLIN' NvFp4 MoE backend out of potential backends: ['VLLM_CUTLASS', 'MARLIN'].\n"
-    chosen = kernelpath.gate({"moe": ("FLASHINFER_CUTLASS", "VLLM_CUTLASS")}, log, "0.33.0")
-    assert kernelpath.failures(chosen, "0.33.0") == [
-        f"  moe: expected FLASHINFER_CUTLASS or VLLM_CUTLASS, vLLM chose MARLIN: {log.strip()}"
-    ]
-    assert kernelpath.text(chosen) == "moe MARLIN (UNEXPECTED)"
-
-
 def test_a_kind_a_release_range_does_not_log_is_refused() -> None:
-    with pytest.raises(VerifyError, match=r"vLLM 0.11.0 .* logs no 'nvfp4_gemm' choice"):
-        kernelpath.gate({"nvfp4_gemm": ("VLLM_CUTLASS",)}, "", "0.11.0")
+    ranges = kernelpath.parse({"ranges": [{"vllm": ">=1.0,<=2.0", "kinds": {"moe": {"patterns": ["(?P<backend>x)"]}}}]}, "t")
+    with pytest.raises(VerifyError, match=r"vLLM 1.5 .* logs no 'nvfp4_gemm' choice .*it knows moe"):
+        kernelpath.gate({"nvfp4_gemm": ("VLLM_CUTLASS",)}, "", "1.5", ranges)
 
 
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        ({"ranges": [{"vllm": "not a spec", "kinds": {}}]}, r"'vllm:' must be a version specifier"),
-        ({"ranges": [{"vllm": ">=1", "kinds": {"moe": {"patterns": ["Using (\\w+)"]}}}]}, r"has no \(\?P<backend>"),
-        ({"ranges": [{"vllm": ">=1", "kinds": {"moe": {"patterns": ["Using (?P<backend>"]}}}]}, r"is not a regular expression"),
-        ({"ranges": [{"vllm": ">=1", "kinds": {"moe": {}}}]}, r"expected 'patterns:'"),
+        ({"ranges": [{"vllm": "not a spec", "kinds": {}}]}, r"'not a spec' must be a version specifier"),
+        ({"ranges": [{"vllm": ">=1,<=2", "kinds": {"moe": {"patterns": ["Using (\\w+)"]}}}]}, r"has no \(\?P<backend>"),
+        ({"ranges": [{"vllm": ">=1,<=2", "kinds": {"moe": {"patterns": ["(?P<backend>"]}}}]}, r"is not a regular expression"),
+        ({"ranges": [{"vllm": ">=1,<=2", "kinds": {"moe": {}}}]}, r"expected 'patterns:'"),
         ({"range": []}, r"expected a mapping with a 'ranges:' list"),
+        # Unbounded above: any future vLLM would get these words unread.
+        ({"ranges": [{"vllm": ">=0.19", "kinds": {}}]}, r"ranges\[0\].vllm: '>=0.19' needs '>=FIRST' and '<=LAST'"),
+        (
+            {"ranges": [{"vllm": ">=0.19,<=0.33", "kinds": {}}, {"vllm": ">=0.30,<=0.34", "kinds": {}}]},
+            r"ranges\[0\] \(.*\) and ranges\[1\] \(.*\) overlap",
+        ),
+        (
+            {"ranges": [{"vllm": ">=1,<=2", "kinds": {"moe": {"patterns": [{"pattern": "(?P<backend>x)", "vllm": "nope"}]}}}]},
+            r"kinds.moe.patterns\[0\].vllm: 'nope' must be a version specifier",
+        ),
     ],
 )
 def test_a_broken_pattern_file_names_what_is_wrong(data: object, message: str) -> None:
@@ -168,3 +155,14 @@ def test_a_check_names_the_kernels_it_expects(write_matrix: MatrixWriter) -> Non
 def test_a_kind_the_gate_does_not_know_is_a_matrix_error(write_matrix: MatrixWriter) -> None:
     with pytest.raises(ConfigError, match=r"kernels.*gemm"):
         matrix.load(write_matrix(MOE_CHECK.format(kernels="{gemm: cutlass}"), with_checks=False))
+
+
+def test_a_check_may_accept_unverified_kernel_patterns_and_says_so_by_name(write_matrix: MatrixWriter) -> None:
+    body = MOE_CHECK.format(kernels="{moe: CPU}\n    accept_unverified_kernel_patterns: true")
+    (target,) = matrix.load(write_matrix(body, with_checks=False)).targets
+    assert target.check.accept_unverified_kernel_patterns is True
+    (default,) = matrix.load(write_matrix(MOE_CHECK.format(kernels="{moe: CPU}"), with_checks=False)).targets
+    assert default.check.accept_unverified_kernel_patterns is False
+    maybe = MOE_CHECK.format(kernels="{moe: CPU}\n    accept_unverified_kernel_patterns: maybe")
+    with pytest.raises(ConfigError, match=r"accept_unverified_kernel_patterns"):
+        matrix.load(write_matrix(maybe, with_checks=False))

@@ -242,3 +242,20 @@ def test_publish_wants_a_passing_result_of_every_check_of_this_image(tmp_path: P
     files["moe-alphabet"].write_text(json.dumps({"ok": True, "image": build.local_ref(p)}))
     cli.require_verified(opts, p, unverified=False)
     cli.require_verified(dataclasses.replace(opts, out=tmp_path / "none"), p, unverified=True)
+
+
+def test_a_kernel_path_read_with_unverified_patterns_says_so_in_the_summary() -> None:
+    """The recorded vLLM 0.32.0 CPU log read as a newer vLLM's (none exists to record: the stand-in
+    for a fault that cannot be produced for real), its check accepting unverified patterns."""
+    log = (Path(__file__).parent / "data" / "kernel-logs" / "vllm-0.32.0-cpu-mixtral.log").read_text()
+    chosen = tuple(kernelpath.gate({"moe": ("CPU",)}, log, "0.34.0", accept_unverified=True))
+    run = a_run(pipeline.Status.PUBLISHED)
+    assert run.result is not None
+    moe = dataclasses.replace(run.result, check="moe-alphabet", benchmark=None, kernels=chosen)
+    why = "vLLM 0.34.0's log words are unread: patterns of kernel-paths.yaml ranges[0], read from 0.33.0"
+    unverified = f"moe CPU [UNVERIFIED: {why}]"
+    results = {"alphabet": run.result, "moe-alphabet": moe}
+    run.verified = verify.Verified(checks=("alphabet", "moe-alphabet"), results=results, failures={})
+    assert str(run.row()["verify"]).endswith(f"; moe-alphabet: 1/1 answers, {unverified}")
+    # A check's only (or first) result shows its kernel path too.
+    assert pipeline.verify_cell(moe) == f"1/1 answers, {unverified}"
