@@ -163,15 +163,18 @@ class FileReport:
         return {v: sum(k.verdict == v for k in self.kernels) for v in VERDICTS}
 
     def runs_with(self) -> dict[str, int]:
-        """How many kernels each code that runs on the GPU serves (a kernel counts under each)."""
+        """The code the kernels that run are served by: for a ``sass`` kernel its cubins that run,
+        for a ``ptx`` kernel its PTX that does (a kernel with two such counts under each)."""
         found: Counter[str] = Counter()
         for k in self.kernels:
-            found.update(c.label() for c in k.codes if c.runs_on(self.device))
+            if k.verdict in ("sass", "ptx"):
+                kind = "sass" if k.verdict == "sass" else "ptx"
+                found.update(c.label() for c in k.codes if c.kind == kind and c.runs_on(self.device))
         return dict(sorted(found.items()))
 
     def other_archs(self) -> dict[str, int]:
-        """The kernels not for this GPU, counted by the code they have."""
-        found = Counter(", ".join(c.label() for c in k.codes) for k in self.kernels if k.verdict == "other")
+        """The kernels not for this GPU, counted by the code they have (``sm_90a+sm_100f``)."""
+        found = Counter("+".join(c.label() for c in k.codes) for k in self.kernels if k.verdict == "other")
         return dict(found.most_common())
 
     def to_json(self) -> dict[str, object]:
@@ -267,6 +270,7 @@ def check_file(path: Path, device: Arch, tool: Path | None = None, shown_as: Pat
 
 
 def _is_library(name: str) -> bool:
+    """A shared library or object, by its name (a path inside a wheel, or a file name)."""
     base = name.rsplit("/", 1)[-1]
     return base.endswith((".so", ".o")) or ".so." in base
 
@@ -288,15 +292,14 @@ def check_wheel(wheel: Path, device: Arch, tool: Path) -> list[FileReport]:
 
 
 def check(paths: list[Path], device: Arch) -> tuple[FileReport, ...]:
-    """One report per file: folders are searched for ``*.so`` and ``*.o``, wheels (``.whl``) opened
-    and each shared library in them checked."""
+    """One report per file: folders are searched for ``*.so`` (``*.so.1`` too) and ``*.o``, wheels
+    (``.whl``) opened and each shared library in them checked."""
     tool = cuobjdump()
     reports: list[FileReport] = []
     for path in paths:
         if path.is_dir():
             reports += [
-                check_file(f, device, tool)
-                for f in sorted(p for p in path.rglob("*") if p.suffix in (".so", ".o") and p.is_file())
+                check_file(f, device, tool) for f in sorted(p for p in path.rglob("*") if _is_library(p.name) and p.is_file())
             ]
         elif path.suffix == ".whl":
             found = check_wheel(path, device, tool)
