@@ -40,7 +40,7 @@ import tempfile
 import zipfile
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -140,8 +140,8 @@ def judge(codes: Iterable[Code], device: Arch) -> Verdict:
 class FileReport:
     path: Path  # a library inside a wheel: the wheel's path / the member's path
     codes: tuple[Code, ...]  # every cubin and PTX, kernels or not, each arch once
+    device: Arch  # the GPU the kernels were judged for
     kernels: tuple[Kernel, ...] = ()
-    device: Arch = field(default_factory=lambda: Arch(major=12, minor=1))
 
     @property
     def ok(self) -> bool | None:
