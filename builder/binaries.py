@@ -351,7 +351,7 @@ def table(reports: tuple[FileReport, ...], device: Arch) -> str:
             lines.append(f"  {'-':<8} {'':>7} {'':>6} {'':>5} {'':>6} {'':>5}  {shown[r.path]} (no device code)")
             continue
         c = r.counts()
-        verdict = "FAILS" if not r.ok else ("ok" if r.runs else "other")
+        verdict = "FAILS" if not r.ok else ("ok" if r.runs or not r.kernels else "other")
         lines.append(
             f"  {verdict:<8} {len(r.kernels):>7} {c['sass']:>6} {c['ptx']:>5} {c['other']:>6} {c['fails']:>5}  {shown[r.path]}"
         )
@@ -386,10 +386,11 @@ def require(reports: tuple[FileReport, ...], device: Arch) -> None:
             f"{len(failing)} kernel(s) have code for {device.sm()[:-1]}x but none that runs on {device.sm()}: {shown}{more}. "
             f"Build their units for {device.sm()}a, {device.sm()[:-1]}0f or {device.sm()} (or add PTX they can JIT from)"
         )
-    with_code = [r for r in reports if r.ok is not None]
-    if with_code and not any(r.runs for r in with_code):
-        archs = sorted({c.label() for r in with_code for k in r.kernels for c in k.codes})  # not kernel-less cubins
+    # Device code without kernels (a unit of host code and __device__ helpers) has nothing to launch.
+    with_kernels = [r for r in reports if r.kernels]
+    if with_kernels and not any(r.runs for r in with_kernels):
+        archs = sorted({c.label() for r in with_kernels for k in r.kernels for c in k.codes})
         raise BinaryCheckError(
-            f"no kernel in {', '.join(str(r.path) for r in with_code)} runs on {device.sm()}: "
+            f"no kernel in {', '.join(str(r.path) for r in with_kernels)} runs on {device.sm()}: "
             f"their code is only for other GPUs ({', '.join(archs)})"
         )

@@ -35,6 +35,8 @@ UNITS = {
     "hopper": "__global__ void hopper_only(float* x) { x[threadIdx.x] -= 1.0f; }\n",
     "jit": "__global__ void jit_only(float* x) { x[threadIdx.x] += 7.0f; }\n",
     "family": "__global__ void family_sm120f(float* x) { x[threadIdx.x] *= 11.0f; }\n",
+    # Device code but no kernel, like vLLM's nvfp4_quant_entry.cu: an empty cubin, nothing to launch.
+    "nokernels": "__device__ int twice(int x) { return 2 * x; }\nint host(int x) { return x + 1; }\n",
 }
 # Each object: (its unit, its -gencode).
 OBJECTS = {
@@ -44,6 +46,7 @@ OBJECTS = {
     "hopper_sm90a.o": ("hopper", "arch=compute_90a,code=sm_90a"),
     "jit_compute80.o": ("jit", "arch=compute_80,code=compute_80"),
     "family_sm120f.o": ("family", "arch=compute_120f,code=sm_120f"),
+    "no_kernels_sm121a.o": ("nokernels", "arch=compute_121a,code=sm_121a"),
 }
 # Each library: the objects linked into it.
 LIBRARIES = {
@@ -110,6 +113,8 @@ def test_hopper_only_ptx_only_and_family_kernels_pass(built: dict[str, Path]) ->
     family = binaries.check_file(built["libfamily.so"], SM121)
     assert verdicts(family) == {"_Z13family_sm120fPf": "sass"} and family.runs_with() == {"sm_120f": 1}
     assert binaries.check_file(built["libhost.so"], SM121).ok is None  # no device code: not judged
+    empty = binaries.check_file(built["no_kernels_sm121a.o"], SM121)
+    assert (empty.ok, empty.kernels, [c.label() for c in empty.codes]) == (True, (), ["sm_121a"])
     # The same Hopper kernel judged for an H100 runs from its cubin.
     assert verdicts(binaries.check_file(built["libhopper.so"], binaries.Arch.parse("9.0"))) == {"_Z11hopper_onlyPf": "sass"}
 
@@ -144,9 +149,11 @@ def test_the_cli_fails_with_exit_11_naming_kernel_and_library(built: dict[str, P
 
 
 def test_nothing_for_this_gpu_at_all_fails(built: dict[str, Path]) -> None:
-    alone = sparkbuild(built["libhopper.so"], "--arch", "12.1")
+    alone = sparkbuild(built["libhopper.so"], built["no_kernels_sm121a.o"], "--arch", "12.1")
     assert alone.returncode == 11
     assert f"no kernel in {built['libhopper.so']} runs on sm_121: their code is only for other GPUs (sm_90a)" in alone.stderr
+    # A unit of device code without kernels passes alone: it has nothing to launch.
+    assert sparkbuild(built["no_kernels_sm121a.o"]).returncode == 0
 
 
 def test_a_wheel_has_each_of_its_libraries_judged(built: dict[str, Path], tmp_path: Path) -> None:
