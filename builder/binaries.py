@@ -24,9 +24,12 @@ A kernel's verdict for a GPU of compute capability X.Y (the DGX Spark's GB10: 12
 The check fails on any ``fails`` kernel, and on a set of libraries where no kernel at all runs on
 the GPU (a build for other GPUs only).
 
-A kernel is known by its name within one library, and its code is the union over the library's
-cubins and PTX: cuobjdump does not say which compilation unit a cubin came from, so a template
-kernel instantiated in two units with different arch lists is judged by both together.
+A kernel is known by its name within one library, and judged in each compilation unit that holds
+it: a template kernel instantiated in two units is two kernels to the CUDA runtime, each launch site
+running its own unit's instance (seen on an H100: the same ``tk<5>`` launched from an ``sm_90a``
+unit ran, from an ``sm_100f`` unit of the same binary failed with "no kernel image is available").
+It fails when one instance fails. cuobjdump does not say which unit a cubin came from; the
+library's fatbin section does (one fatbin per unit), read by ``fatbin_entries``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import importlib.util
 import os
 import re
 import shutil
+import struct
 import subprocess
 import tempfile
 import zipfile
@@ -52,6 +56,8 @@ _HEADER_ARCH_RE = re.compile(r"^arch = sm_(?P<major>\d+?)(?P<minor>\d)(?P<suffix
 _ENTRY_RE = re.compile(r"^\s*(?:\.(?:visible|weak|extern)\s+)*\.entry\s+(?P<name>[\w$.]+)")
 _ASKED_RE = re.compile(r"^(?P<major>\d+)\.(?P<minor>\d)(?P<suffix>[af]?)$")
 _NO_DEVICE_CODE = "does not contain device code"
+_FATBIN_MAGIC = (0xBA55ED50).to_bytes(4, "little")
+_FATBIN_SECTIONS = (".nv_fatbin", "__nv_relfatbin")
 Verdict = Literal["sass", "ptx", "fails", "other"]
 VERDICTS: tuple[Verdict, ...] = ("sass", "ptx", "other", "fails")
 
@@ -117,15 +123,27 @@ class Code:
 @dataclass(frozen=True, kw_only=True)
 class Kernel:
     name: str  # mangled, as in the cubin's symbol table and the PTX
-    codes: tuple[Code, ...]
+    codes: tuple[Code, ...]  # all its code in the library
     verdict: Verdict
+    # Its code in each compilation unit that holds it (a template kernel instantiated in two units
+    # is two kernels to the runtime: each launch site runs its own unit's instance).
+    units: tuple[tuple[Code, ...], ...] = ()
+
+    def shown_codes(self) -> str:
+        """``sm_121a, sm_90a``; when several units hold it: ``per unit: sm_121a | sm_120a``."""
+        if len(self.units) < 2:
+            return ", ".join(c.label() for c in self.codes)
+        return "per unit: " + " | ".join(", ".join(c.label() for c in unit) for unit in self.units)
 
     def to_json(self) -> dict[str, object]:
-        return {"name": self.name, "verdict": self.verdict, "codes": [c.label() for c in self.codes]}
+        found: dict[str, object] = {"name": self.name, "verdict": self.verdict, "codes": [c.label() for c in self.codes]}
+        if len(self.units) > 1:
+            found["units"] = [[c.label() for c in unit] for unit in self.units]
+        return found
 
 
 def judge(codes: Iterable[Code], device: Arch) -> Verdict:
-    """One kernel's verdict from all the code its library carries for it (see the module's doc)."""
+    """One kernel's verdict from the code one compilation unit carries for it (see the module's doc)."""
     found = tuple(codes)
     if any(c.kind == "sass" and c.runs_on(device) for c in found):
         return "sass"
@@ -134,6 +152,13 @@ def judge(codes: Iterable[Code], device: Arch) -> Verdict:
     if any(c.arch.major == device.major for c in found):
         return "fails"
     return "other"
+
+
+def judge_units(units: Iterable[Iterable[Code]], device: Arch) -> Verdict:
+    """A kernel in several units fails when one of its instances fails; else the best one counts."""
+    verdicts = {judge(unit, device) for unit in units}
+    order: tuple[Verdict, ...] = ("fails", "sass", "ptx", "other")
+    return next(v for v in order if v in verdicts)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,15 +230,18 @@ def cuobjdump() -> Path:
     raise ToolMissingError("check-binary needs cuobjdump: pip install nvidia-cuda-cuobjdump (or put CUDA's bin/ on PATH)")
 
 
-def _blocks(lines: Iterable[str], path: Path) -> Iterator[tuple[Literal["elf", "ptx"], Arch, str]]:
-    """(kind, arch, line) for each line of cuobjdump's output inside a fatbin block."""
+def _blocks(lines: Iterable[str], path: Path) -> Iterator[tuple[Literal["elf", "ptx"], int, Arch, str]]:
+    """(kind, n, arch, line) for each line of cuobjdump's output inside a fatbin block: the n-th
+    block of its kind (counted from 0)."""
     kind: Literal["elf", "ptx"] | None = None
     arch: Arch | None = None
+    seen = {"elf": -1, "ptx": -1}
     for raw in lines:
         line = raw.rstrip("\n")
         block = _BLOCK_RE.match(line)
         if block is not None:
             kind, arch = ("elf" if block["kind"] == "elf" else "ptx"), None
+            seen[kind] += 1
             continue
         if kind is None:
             continue
@@ -224,30 +252,95 @@ def _blocks(lines: Iterable[str], path: Path) -> Iterator[tuple[Literal["elf", "
             elif line.startswith("arch = "):
                 raise BinaryCheckError(f"{path}: cannot read the arch '{line}' in cuobjdump's output")
             continue
-        yield kind, arch, line
+        yield kind, seen[kind], arch, line
 
 
-def read_code(path: Path, tool: Path | None = None) -> tuple[tuple[Code, ...], dict[str, set[Code]]] | None:
-    """Every cubin and PTX in ``path`` and, per kernel name, the code it has; None when ``path``
-    has no device code."""
+@dataclass(frozen=True)
+class FatbinEntry:
+    unit: int  # which fatbin of the section: nvcc writes one per compilation unit
+    kind: Literal["elf", "ptx"]
+    sm: int  # 10 * major + minor (the suffix is not in the entry's header)
+
+
+def fatbin_entries(path: Path) -> dict[str, list[FatbinEntry]] | None:
+    """The cubins (``elf``) and PTX (``ptx``) of each fatbin in ``path``'s fatbin section, each kind in
+    the order of the section, which is the order cuobjdump prints them in; None when ``path`` has no
+    such section (a cubin or fatbin file given as is: one unit).
+
+    The section (``.nv_fatbin``; ``__nv_relfatbin`` when there is no executable one, as cuobjdump
+    chooses) holds one fatbin per compilation unit: a 16-byte header (magic 0xBA55ED50, version u16,
+    header size u16, size u64), then entries, each a header (kind u16: 1 PTX, 2 ELF; u16; header size
+    u32; payload size u64; ...; the sm number u32 at byte 28) and its payload, compressed or not.
+    pyelftools reads the ELF file (the library of the field); the fatbin layout is read here and
+    checked against cuobjdump's own listing by the caller.
+    """
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    with path.open("rb") as stream:
+        try:
+            elf = ELFFile(stream)
+        except ELFError:
+            return None
+        section = next((s for s in map(elf.get_section_by_name, _FATBIN_SECTIONS) if s is not None), None)
+        if section is None or elf.get_machine_arch() == "CUDA":  # a cubin: its own symbols, no fatbin
+            return None
+        data: bytes = section.data()
+    entries: dict[str, list[FatbinEntry]] = {"elf": [], "ptx": []}
+    offset, unit = 0, 0
+    while offset < len(data):
+        if data[offset : offset + 4] != _FATBIN_MAGIC:
+            if data[offset : offset + 8].strip(b"\0"):
+                raise BinaryCheckError(f"{path}: unexpected bytes at offset {offset} of its fatbin section (not a fatbin header)")
+            offset += 8  # zero padding between fatbins
+            continue
+        header_size, size = struct.unpack_from("<HQ", data, offset + 6)
+        entry, end = offset + header_size, offset + header_size + size
+        while entry < end:
+            kind, entry_header, payload = struct.unpack_from("<H2xIQ", data, entry)
+            (sm,) = struct.unpack_from("<I", data, entry + 28)
+            if kind in (1, 2):
+                entries["ptx" if kind == 1 else "elf"].append(FatbinEntry(unit=unit, kind="ptx" if kind == 1 else "elf", sm=sm))
+            entry += entry_header + payload
+        offset, unit = end, unit + 1
+    return entries
+
+
+def read_code(path: Path, tool: Path | None = None) -> tuple[tuple[Code, ...], dict[str, dict[int, set[Code]]]] | None:
+    """Every cubin and PTX in ``path`` and, per kernel name, the code each compilation unit has for
+    it; None when ``path`` has no device code."""
     if not path.is_file():
         raise ConfigError(f"{path}: no such file")
     exe = tool or cuobjdump()
+    entries = fatbin_entries(path)
     codes: set[Code] = set()
-    kernels: dict[str, set[Code]] = {}
+    kernels: dict[str, dict[int, set[Code]]] = {}
+
+    def unit_of(kind: Literal["elf", "ptx"], n: int, arch: Arch) -> int:
+        if entries is None:
+            return 0
+        found = entries[kind][n] if n < len(entries[kind]) else None
+        if found is None or found.sm != 10 * arch.major + arch.minor:
+            raise BinaryCheckError(
+                f"{path}: cuobjdump's {kind} code #{n + 1} ({arch}) is not the fatbin section's "
+                f"({'none' if found is None else found.sm}): cannot tell its compilation unit"
+            )
+        return found.unit
+
     try:
-        for kind, arch, line in _blocks(cmd.lines([exe, "-symbols", path]), path):
+        for kind, n, arch, line in _blocks(cmd.lines([exe, "-symbols", path]), path):
             code = Code(kind="sass" if kind == "elf" else "ptx", arch=arch)
             codes.add(code)
             parts = line.split()
             # "FUNC  GLOBAL  DEFAULT  ENTRY  name": a kernel; other FUNCs are device functions.
             if kind == "elf" and len(parts) >= 5 and parts[0] == "FUNC" and "ENTRY" in parts[1:-1]:
-                kernels.setdefault(parts[-1], set()).add(code)
+                kernels.setdefault(parts[-1], {}).setdefault(unit_of(kind, n, arch), set()).add(code)
         if any(c.kind == "ptx" for c in codes):
-            for _kind, arch, line in _blocks(cmd.lines([exe, "-ptx", path]), path):
-                entry = _ENTRY_RE.match(line)
+            for kind, n, arch, line in _blocks(cmd.lines([exe, "-ptx", path]), path):
+                entry = _ENTRY_RE.match(line) if kind == "ptx" else None
                 if entry is not None:
-                    kernels.setdefault(entry["name"], set()).add(Code(kind="ptx", arch=arch))
+                    unit = unit_of(kind, n, arch)
+                    kernels.setdefault(entry["name"], {}).setdefault(unit, set()).add(Code(kind="ptx", arch=arch))
     except subprocess.CalledProcessError as exc:
         if _NO_DEVICE_CODE in (exc.stderr or ""):
             return None
@@ -263,8 +356,13 @@ def check_file(path: Path, device: Arch, tool: Path | None = None, shown_as: Pat
         return FileReport(path=name, codes=(), device=device)
     codes, by_name = found
     kernels = tuple(
-        Kernel(name=kernel, codes=tuple(sorted(kernel_codes)), verdict=judge(kernel_codes, device))
-        for kernel, kernel_codes in sorted(by_name.items())
+        Kernel(
+            name=kernel,
+            codes=tuple(sorted(set().union(*units.values()))),
+            verdict=judge_units(units.values(), device),
+            units=tuple(tuple(sorted(units[u])) for u in sorted(units)),
+        )
+        for kernel, units in sorted(by_name.items())
     )
     return FileReport(path=name, codes=codes, kernels=kernels, device=device)
 
@@ -326,7 +424,7 @@ def demangled(names: Iterable[str]) -> dict[str, str]:
 
 def _common_folder(paths: list[Path]) -> Path | None:
     """The folder (or wheel) all ``paths`` are in, named once atop the table; None for one file."""
-    if len(paths) < 2:
+    if len(paths) < 2 or len({p.is_absolute() for p in paths}) > 1:
         return None
     top = Path(os.path.commonpath([str(p) for p in paths]))
     return top if top != Path(top.anchor) and top not in paths else None
@@ -370,7 +468,7 @@ def table(reports: tuple[FileReport, ...], device: Arch) -> str:
     if failing:
         names = demangled(k.name for _, k in failing)
         lines.append(f"FAILING: {len(failing)} kernel(s) have code for {device.sm()[:-1]}x but none that runs on {device.sm()}:")
-        lines += [f"  {shown[r.path]}: {_short(names[k.name])} [{', '.join(c.label() for c in k.codes)}]" for r, k in failing]
+        lines += [f"  {shown[r.path]}: {_short(names[k.name])} [{k.shown_codes()}]" for r, k in failing]
         if shutil.which("c++filt") is None:
             lines.append("  (names mangled: no c++filt on PATH; install binutils to read them)")
     return "\n".join(lines)
@@ -380,7 +478,7 @@ def require(reports: tuple[FileReport, ...], device: Arch) -> None:
     """Fail on any failing kernel (named with its library), and when nothing at all runs on the GPU."""
     failing = [(r, k) for r in reports for k in r.failing]
     if failing:
-        shown = "; ".join(f"{r.path}: {k.name} ({', '.join(c.label() for c in k.codes)})" for r, k in failing[:20])
+        shown = "; ".join(f"{r.path}: {k.name} ({k.shown_codes()})" for r, k in failing[:20])
         more = f"; and {len(failing) - 20} more" if len(failing) > 20 else ""
         raise BinaryCheckError(
             f"{len(failing)} kernel(s) have code for {device.sm()[:-1]}x but none that runs on {device.sm()}: {shown}{more}. "

@@ -35,6 +35,8 @@ UNITS = {
     "hopper": "__global__ void hopper_only(float* x) { x[threadIdx.x] -= 1.0f; }\n",
     "jit": "__global__ void jit_only(float* x) { x[threadIdx.x] += 7.0f; }\n",
     "family": "__global__ void family_sm120f(float* x) { x[threadIdx.x] *= 11.0f; }\n",
+    # One template kernel instantiated in two units, as vLLM's helpers are: two kernels to the runtime.
+    "twin": "template <int N> __global__ void twin(int* o) { *o = N; }\ntemplate __global__ void twin<5>(int*);\n",
     # Device code but no kernel, like vLLM's nvfp4_quant_entry.cu: an empty cubin, nothing to launch.
     "nokernels": "__device__ int twice(int x) { return 2 * x; }\nint host(int x) { return x + 1; }\n",
 }
@@ -47,6 +49,9 @@ OBJECTS = {
     "jit_compute80.o": ("jit", "arch=compute_80,code=compute_80"),
     "family_sm120f.o": ("family", "arch=compute_120f,code=sm_120f"),
     "no_kernels_sm121a.o": ("nokernels", "arch=compute_121a,code=sm_121a"),
+    "twin_sm121a.o": ("twin", "arch=compute_121a,code=sm_121a"),
+    "twin_sm120a.o": ("twin", "arch=compute_120a,code=sm_120a"),
+    "twin_sm90a.o": ("twin", "arch=compute_90a,code=sm_90a"),
 }
 # Each library: the objects linked into it.
 LIBRARIES = {
@@ -56,6 +61,8 @@ LIBRARIES = {
     "libjit.so": ("jit_compute80.o",),  # PTX only: passes, JIT
     "libfamily.so": ("family_sm120f.o",),  # a family cubin: runs on every 12.x
     "libhopper.so": ("hopper_sm90a.o",),  # nothing for this GPU at all
+    "libtwins.so": ("twin_sm121a.o", "twin_sm120a.o"),  # one instance cannot run: must fail
+    "libtwins_hopper.so": ("twin_sm121a.o", "twin_sm90a.o"),  # the other instance is Hopper's: passes
 }
 
 
@@ -101,6 +108,18 @@ def test_an_sm120a_only_kernel_linked_beside_sm121a_kernels_fails_by_name(built:
     ptx = binaries.check_file(built["libmixed_ptx.so"], SM121)
     assert verdicts(ptx)["_Z16only_compute120aPf"] == "fails"
     assert [c.label() for c in ptx.failing[0].codes] == ["compute_120a"]
+
+
+def test_a_template_kernel_in_two_units_is_judged_in_each(built: dict[str, Path]) -> None:
+    # Each launch site runs its own unit's instance: on an H100 the sm_100f unit's launch of the same
+    # instance failed beside the sm_90a unit's (docs/check-binary.md). The union of both would pass.
+    (twin,) = binaries.check_file(built["libtwins.so"], SM121).kernels
+    assert (twin.name, twin.verdict) == ("_Z4twinILi5EEvPi", "fails")
+    assert sorted([c.label() for c in unit] for unit in twin.units) == [["sm_120a"], ["sm_121a"]]
+    (hopper,) = binaries.check_file(built["libtwins_hopper.so"], SM121).kernels
+    assert hopper.verdict == "sass" and sorted([c.label() for c in unit] for unit in hopper.units) == [["sm_121a"], ["sm_90a"]]
+    done = sparkbuild(built["libtwins.so"])
+    assert done.returncode == 11 and "_Z4twinILi5EEvPi (per unit: " in done.stderr.splitlines()[-1]
 
 
 def test_hopper_only_ptx_only_and_family_kernels_pass(built: dict[str, Path]) -> None:
