@@ -664,11 +664,15 @@ cli.add_command(patch_group)
 @cli.command("check-binary")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.option("--arch", default="12.1a", show_default=True, help="The GPU the code must run on (12.1a: the DGX Spark).")
-@click.option("--json", "as_json", is_flag=True, help="Print one entry per file as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print one entry per library as JSON, with every kernel and its verdict.")
 def check_binary_cmd(paths: tuple[Path, ...], arch: str, as_json: bool) -> None:
-    """List the SASS/PTX targets in CUDA objects and libraries; fail naming each file that cannot run on ARCH.
+    """Judge every kernel in CUDA objects, libraries and wheels for the GPU ARCH; fail naming each kernel
+    that has code for ARCH's family (sm_12x) but none that runs on ARCH.
 
-    Folders are searched for *.so and *.o. Uses cuobjdump (PyPI: nvidia-cuda-cuobjdump).
+    A kernel runs from a cubin (sass) or from PTX the driver JIT-compiles (ptx); one with code only for
+    other GPUs (sm_90a) is listed as not for this GPU. Folders are searched for *.so and *.o; a wheel
+    (*.whl) has each of its shared libraries checked. Exit 11 on a failing kernel, or when no kernel at
+    all runs on ARCH. Uses cuobjdump (PyPI: nvidia-cuda-cuobjdump). See docs/check-binary.md.
     """
     from builder import binaries
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-from collections.abc import Mapping, Sequence
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from builder import log
@@ -38,3 +39,19 @@ def run(
         capture_output=capture,
         input=stdin.decode() if stdin is not None else None,
     )
+
+
+def lines(args: Sequence[str | os.PathLike[str]]) -> Iterator[str]:
+    """Print ``+ cmd``, run it and yield its output line by line, for an output too large to hold
+    (cuobjdump's PTX of one vLLM library is 650 MB). A non-zero exit raises CalledProcessError
+    with its stderr once the output has been read."""
+    log.info(show(args))
+    # stderr goes to a file: a pipe nobody reads while stdout is read could fill and stall it.
+    with tempfile.TemporaryFile(mode="w+") as err:
+        with subprocess.Popen([str(a) for a in args], stdout=subprocess.PIPE, stderr=err, text=True) as proc:
+            assert proc.stdout is not None
+            yield from proc.stdout
+        err.seek(0)
+        stderr = err.read()
+    if proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, [str(a) for a in args], stderr=stderr)

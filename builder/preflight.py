@@ -8,7 +8,8 @@ changed. Here, on the host, sparkbuild reads what it exported:
   (``-gencode`` / ``--generate-code``), judged by check-binary's rule for the target's GPU
   (``gpu:``, the Spark's 12.1): a unit with no code that runs there fails, named; PTX-only units
   are listed apart (the driver JIT-compiles them on first load);
-- the patched units: each must compile, and its object must carry code for the GPU (cuobjdump).
+- the patched units: each must compile, and its object must carry code for the GPU (cuobjdump),
+  kernel by kernel (check-binary's rule: no kernel with code for the GPU's family that cannot run).
 
 A failure stops the target before the compile; the report goes to the summary and to
 ``sparkbuild-out/<target>/preflight/``.
@@ -223,7 +224,9 @@ def read(folder: Path, target: str, gpu: str) -> Report:
         runs: bool | None = None
         if entry["ok"] and entry.get("object"):
             report = binaries.check_file(folder / entry["object"], device)
-            codes, runs = report.codes, report.ok
+            # No kernel of a patched unit may fail, and one must run on the GPU, unless the unit has
+            # none (host code beside __device__ helpers: nvfp4_quant_entry.cu).
+            codes, runs = report.codes, None if report.ok is None else bool(report.ok and (report.runs or not report.kernels))
         compiled.append(
             Compiled(
                 file=entry["file"].removeprefix(data["source"].rstrip("/") + "/"),
