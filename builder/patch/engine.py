@@ -72,7 +72,9 @@ def check(tree: Path, patches: tuple[Patch, ...], version: str, component: str =
         if outcome.status == "applies":
             for edit in outcome.edits:
                 overlay.write(edit.path, edit.after)
-        results.append(Result(p.name, outcome.status, outcome.detail, tuple(e.path for e in outcome.edits)))
+        # The files that hold the change: those it writes, or those that already have it (applied).
+        files = tuple(e.path for e in outcome.edits) or outcome.files
+        results.append(Result(p.name, outcome.status, outcome.detail, files))
     return Report(source=tree, component=component, version=version, results=tuple(results), overlay=overlay)
 
 
@@ -102,9 +104,10 @@ def _run_one(p: Patch, overlay: Overlay, tree: Path, recorded: dict[str, dict[st
         return rules.load(p.rule).run(overlay, p.folder)
     assert p.diff is not None
     outcome = diff.run(p.diff, overlay, is_git=(tree / ".git").exists())
+    files = diff.files_of(p.diff)
     # A diff cannot tell its own result from upstream's; the record of an earlier apply can.
     if outcome.status == "upstream" and recorded.get(p.name, {}).get("status") == "applies":
-        return Outcome("applied", f"the change is in the tree, and {RECORD} says sparkbuild applied it")
+        return Outcome("applied", f"the change is in the tree, and {RECORD} says sparkbuild applied it", files=files)
     return outcome
 
 

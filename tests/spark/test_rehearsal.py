@@ -226,6 +226,16 @@ versions: ">=0.33"
 upstream: {fixed_in: null, links: []}
 change: {diff: fault.diff}
 """
+# A real change to a kernel a 12.1a build never compiles: 0.33.0 lists nvfp4_scaled_mm_kernels.cu only
+# in FP4_SM100_SRCS. A patch set like this changes CUDA code that preflight cannot prove and the
+# image will not hold; preflight must fail it, naming the file (issue 29, section 3).
+UNCOMPILED = """\
+--- a/csrc/quantization/fp4/nvfp4_scaled_mm_kernels.cu
++++ b/csrc/quantization/fp4/nvfp4_scaled_mm_kernels.cu
+@@ -1,1 +1,2 @@
++// sparkbuild test: a change to an SM10x-only kernel
+ FIRST
+"""
 
 
 @pytest.fixture(scope="module")
@@ -239,11 +249,18 @@ def variants(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (folder / "patches" / "zz-test-fault").mkdir()
     (folder / "patches" / "zz-test-fault" / "fault.diff").write_text(INJECTED.replace("FIRST", f" {first}"))
     (folder / "patches" / "zz-test-fault" / "patch.yaml").write_text(PATCH_YAML)
+    sm100 = (tree / "csrc/quantization/fp4/nvfp4_scaled_mm_kernels.cu").read_text().splitlines()[0]
+    (folder / "patches" / "zz-test-sm100-only").mkdir()
+    (folder / "patches" / "zz-test-sm100-only" / "sm100.diff").write_text(UNCOMPILED.replace("FIRST", f" {sm100}"))
+    (folder / "patches" / "zz-test-sm100-only" / "patch.yaml").write_text(
+        PATCH_YAML.replace("plain sm_120 code", "12.1a build never compiles").replace("fault.diff", "sm100.diff")
+    )
     shipped = yaml.safe_load((ROOT / "matrix.yaml").read_text())
     (target,) = [t for t in shipped["targets"] if t.get("id") == TARGET]
     shipped["targets"] = [
         {**target, "id": "vllm-0.33.0-cu130-sm120a", "arch_list": "12.0a"},
         {**target, "id": "vllm-0.33.0-cu130-fault", "patches": [*target["patches"], "zz-test-fault"]},
+        {**target, "id": "vllm-0.33.0-cu130-uncompiled", "patches": [*target["patches"], "zz-test-sm100-only"]},
     ]
     (folder / "matrix.yaml").write_text(yaml.safe_dump(shipped, sort_keys=False))
     return folder / "matrix.yaml"
@@ -251,9 +268,10 @@ def variants(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def failed(variants: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """Both variants rehearsed by one command (one offline source set-up): each fails, neither stops the other."""
+    """The variants rehearsed by one command (one offline source set-up): each fails, none stops another."""
     out = tmp_path_factory.mktemp("variants-out")
-    done = rehearse(out, "--matrix", str(variants), "--only", "vllm-0.33.0-cu130-sm120a", "--only", "vllm-0.33.0-cu130-fault")
+    only = ["--only", "vllm-0.33.0-cu130-sm120a", "--only", "vllm-0.33.0-cu130-fault", "--only", "vllm-0.33.0-cu130-uncompiled"]
+    done = rehearse(out, "--matrix", str(variants), *only)
     assert done.returncode == 8, done.stderr[-3000:]
     return {r["target"]: r for r in json.loads(done.stdout)}
 
@@ -278,3 +296,16 @@ def test_a_patched_unit_that_does_not_compile_for_its_code_fails_naming_it(faile
     assert not fault["ok"] and "not supported on .target 'sm_120'" in fault["error"]
     assert compiled["csrc/quantization/fp4/nvfp4_quant_kernels.cu"]["ok"]  # the other units still compile
     assert "csrc/quantization/fp4/nvfp4_quant_entry.cu (does not compile)" in result["error"]
+
+
+def test_a_patch_set_whose_cuda_change_no_unit_compiles_fails_naming_the_file(failed: dict[str, dict[str, Any]]) -> None:
+    """The patched SM10x-only kernel: preflight compiles no unit that holds it, and says so."""
+    result = failed["vllm-0.33.0-cu130-uncompiled"]
+    assert result["preflight"] is not None, result["error"]
+    audit = result["preflight"]
+    changed = "csrc/quantization/fp4/nvfp4_scaled_mm_kernels.cu"
+    assert result["status"] == "failed (preflight)" and not audit["ok"]
+    assert changed in audit["changed_files"] and audit["uncompiled_changes"] == [changed]
+    assert changed not in {c["file"] for c in audit["compiled"]}
+    assert f"the patch set changes {changed}, and no unit this configure compiles is or includes it" in result["error"]
+    assert result["stages"] == []
