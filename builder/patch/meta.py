@@ -20,8 +20,9 @@ from builder.patch import rules
 COMPONENTS = ("vllm", "flashinfer", "triton")
 META = "patch.yaml"
 META_KEYS = ("summary", "why", "component", "versions", "versions_why", "upstream", "change")
-UPSTREAM_KEYS = ("fixed_in", "links", "detect")
+UPSTREAM_KEYS = ("fixed_in", "links", "detect", "alternatives")
 DETECT_KEYS = ("file", "contains")
+ALTERNATIVE_KEYS = ("file", "contains", "why")
 CHANGE_KEYS = ("diff", "rule")
 
 
@@ -31,6 +32,16 @@ class Detect:
 
     file: str
     contains: str
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """Upstream serves the patch's purpose another way (a backend of its own) where ``file`` contains
+    ``contains``: the patch still applies there, but is not needed (the support table says why)."""
+
+    file: str
+    contains: str
+    why: str
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,7 @@ class Patch:
     detect: tuple[Detect, ...]
     diff: Path | None
     rule: str | None
+    alternatives: tuple[Alternative, ...] = ()
 
 
 def default_dirs() -> tuple[Path, ...]:
@@ -127,6 +139,8 @@ def load_one(folder: Path) -> Patch:
     links = validate.list_of(validate.text)(doc, ("upstream", "links"), validate.require(doc, ("upstream",), upstream, "links"))
     detects = validate.list_of_maps(doc, ("upstream", "detect"), upstream.get("detect") or [])
     detect = tuple(_detect(doc, ("upstream", "detect", i), d) for i, d in enumerate(detects))
+    others = validate.list_of_maps(doc, ("upstream", "alternatives"), upstream.get("alternatives") or [])
+    alternatives = tuple(_alternative(doc, ("upstream", "alternatives", i), a) for i, a in enumerate(others))
     change = validate.mapping(doc, ("change",), data["change"], CHANGE_KEYS)
     if len(change) != 1:
         raise doc.fail(("change",), "give exactly one of 'diff: FILE' or 'rule: NAME'")
@@ -156,6 +170,7 @@ def load_one(folder: Path) -> Patch:
         detect=detect,
         diff=diff,
         rule=rule,
+        alternatives=alternatives,
     )
 
 
@@ -167,6 +182,15 @@ def _detect(doc: yamlsrc.Located, path: yamlsrc.DocPath, value: Any) -> Detect:
     return Detect(
         file=_inside_tree(doc, (*path, "file"), validate.require(doc, path, d, "file")),
         contains=validate.text(doc, (*path, "contains"), validate.require(doc, path, d, "contains")),
+    )
+
+
+def _alternative(doc: yamlsrc.Located, path: yamlsrc.DocPath, value: Any) -> Alternative:
+    a = validate.mapping(doc, path, value, ALTERNATIVE_KEYS)
+    return Alternative(
+        file=_inside_tree(doc, (*path, "file"), validate.require(doc, path, a, "file")),
+        contains=validate.text(doc, (*path, "contains"), validate.require(doc, path, a, "contains")),
+        why=validate.text(doc, (*path, "why"), validate.require(doc, path, a, "why")).strip(),
     )
 
 

@@ -3,10 +3,11 @@ vllm-0.33.0-cu130-sm121 target, from local git remotes made from the real 0.33.0
 0.7.2.post1 sdists, on CUDA bases made from NVIDIA's PyPI wheels.
 
 Every stage template is built with BuildKit; vLLM's own CMake configure runs for the target's arch
-list and is audited for the Spark's GPU; the units the patch set changed are compiled with nvcc and
-checked with cuobjdump; the runtime image runs its checks. Then the same rehearsal is made to fail
-the way users fear: an arch list whose cubins do not load on sm_121, and a patched unit that does
-not compile for the code it gets.
+list and is audited for the Spark's GPU (the shipped target needs no patch, so none is compiled);
+the runtime image runs its checks. Then the same rehearsal is made to fail the way users fear: an
+arch list whose cubins do not load on sm_121, a patched unit that does not compile for the code it
+gets (beside e2m1-software's patched FP4 units, compiled with nvcc and checked with cuobjdump), and
+a patch set whose CUDA change no unit of the configure compiles.
 """
 
 from __future__ import annotations
@@ -85,14 +86,11 @@ def test_the_audit_lists_every_unit_with_its_code_and_passes(rehearsed: dict[str
     assert "DeepGEMM using local DEEPGEMM_SRC_DIR: /src/externals/deepgemm" in configure
 
 
-def test_the_patched_units_compile_and_carry_code_for_the_spark(rehearsed: dict[str, Any]) -> None:
+def test_the_shipped_target_patches_nothing_and_compiles_no_patched_unit(rehearsed: dict[str, Any]) -> None:
+    """0.33.0 with CUDA 13.0 and 12.1a needs no patch (docs/patches-needed.md): nothing changed,
+    nothing extra compiled, and the audit above still holds every unit to code for sm_121."""
     audit = rehearsed["preflight"]
-    assert "csrc/quantization/fp4/nvfp4_utils.cuh" in audit["changed_files"]  # e2m1-software
-    compiled = {c["file"]: c for c in audit["compiled"]}
-    assert "csrc/quantization/fp4/nvfp4_quant_kernels.cu" in compiled and "csrc/nvfp4_kv_cache_kernels.cu" in compiled
-    for unit in compiled.values():
-        assert unit["ok"] and unit["runs_on_device"], unit
-        assert unit["codes"] == ["sm_120"]  # cuobjdump prints the sm_120f family cubin as sm_120
+    assert audit["changed_files"] == [] and audit["compiled"] == [] and audit["uncompiled_changes"] == []
 
 
 def test_the_runtime_image_checks_pass(rehearsed: dict[str, Any]) -> None:
@@ -259,8 +257,9 @@ def variants(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (target,) = [t for t in shipped["targets"] if t.get("id") == TARGET]
     shipped["targets"] = [
         {**target, "id": "vllm-0.33.0-cu130-sm120a", "arch_list": "12.0a"},
-        {**target, "id": "vllm-0.33.0-cu130-fault", "patches": [*target["patches"], "zz-test-fault"]},
-        {**target, "id": "vllm-0.33.0-cu130-uncompiled", "patches": [*target["patches"], "zz-test-sm100-only"]},
+        # e2m1-software beside the fault: its patched FP4 units compile, the fault's unit does not.
+        {**target, "id": "vllm-0.33.0-cu130-fault", "patches": ["e2m1-software", "zz-test-fault"]},
+        {**target, "id": "vllm-0.33.0-cu130-uncompiled", "patches": ["zz-test-sm100-only"]},
     ]
     (folder / "matrix.yaml").write_text(yaml.safe_dump(shipped, sort_keys=False))
     return folder / "matrix.yaml"
@@ -291,11 +290,19 @@ def test_an_arch_list_whose_cubins_do_not_load_on_sm121_fails_naming_the_units(f
 
 def test_a_patched_unit_that_does_not_compile_for_its_code_fails_naming_it(failed: dict[str, dict[str, Any]]) -> None:
     result = failed["vllm-0.33.0-cu130-fault"]
-    compiled = {c["file"]: c for c in result["preflight"]["compiled"]}
+    assert result["preflight"] is not None, result["error"]
+    audit = result["preflight"]
+    assert "csrc/quantization/fp4/nvfp4_utils.cuh" in audit["changed_files"]  # e2m1-software
+    compiled = {c["file"]: c for c in audit["compiled"]}
     fault = compiled["csrc/quantization/fp4/nvfp4_quant_entry.cu"]
     assert not fault["ok"] and "not supported on .target 'sm_120'" in fault["error"]
-    assert compiled["csrc/quantization/fp4/nvfp4_quant_kernels.cu"]["ok"]  # the other units still compile
     assert "csrc/quantization/fp4/nvfp4_quant_entry.cu (does not compile)" in result["error"]
+    # The other units, the FP4 ones e2m1-software patched among them, compile with code for the Spark.
+    for name in ("csrc/quantization/fp4/nvfp4_quant_kernels.cu", "csrc/nvfp4_kv_cache_kernels.cu"):
+        unit = compiled[name]
+        assert unit["ok"] and unit["runs_on_device"], unit
+        assert unit["codes"] == ["sm_120"]  # cuobjdump prints the sm_120f family cubin as sm_120
+        assert unit["reaches"] == ["csrc/quantization/fp4/nvfp4_utils.cuh"]
 
 
 def test_a_patch_set_whose_cuda_change_no_unit_compiles_fails_naming_the_file(failed: dict[str, dict[str, Any]]) -> None:
@@ -305,7 +312,7 @@ def test_a_patch_set_whose_cuda_change_no_unit_compiles_fails_naming_the_file(fa
     audit = result["preflight"]
     changed = "csrc/quantization/fp4/nvfp4_scaled_mm_kernels.cu"
     assert result["status"] == "failed (preflight)" and not audit["ok"]
-    assert changed in audit["changed_files"] and audit["uncompiled_changes"] == [changed]
-    assert changed not in {c["file"] for c in audit["compiled"]}
+    assert audit["changed_files"] == [changed] and audit["uncompiled_changes"] == [changed]
+    assert audit["compiled"] == [] and audit["counts"]["none"] == 0  # every unit has code: only the patch fails
     assert f"the patch set changes {changed}, and no unit this configure compiles is or includes it" in result["error"]
     assert result["stages"] == []

@@ -65,6 +65,26 @@ def run(overlay: Overlay, folder: Path) -> Outcome:
     return settle(NAME, edits, notes, marked, "; ".join(notes))
 
 
+def needed(tree: Path, cuda: str, arch_list: str) -> tuple[bool, str]:
+    """Needed only where a Blackwell target in the arch list is plain (``12.1``) or PTX (``+PTX``):
+    ptxas has ``cvt.rn.satfinite.e2m1x2.f32`` for arch- and family-specific targets alone. With an
+    ``a``/``f`` target the FP4 units get sm_121a / sm_120f code (vLLM keeps the suffix from 0.19.0,
+    PR #37725; cmake-arch-sm121 before), where the hardware conversion assembles and this rule
+    would keep it. The tree does not change that."""
+    del tree, cuda
+    plain = [
+        e
+        for e in arch_list.replace(";", " ").split()
+        if e.endswith("+PTX") or (not e.endswith(("a", "f")) and float(e.removesuffix("+PTX")) >= 10.0)
+    ]
+    if plain:
+        return True, f"the arch list has {', '.join(plain)}: plain or PTX targets, where ptxas has no cvt ... e2m1x2"
+    return False, (
+        f"the arch list {arch_list} is arch-specific: the FP4 units get sm_121a / sm_120f code, where the hardware "
+        "conversion assembles (the arch suffix kept: PR #37725, or cmake-arch-sm121)"
+    )
+
+
 def patched(text: str, open_blocks: list[tuple[int, int]], snippet: str, rel: str) -> str:
     """``text`` with each open e2m1x2 asm block under ``#if SPARKBUILD_E2M1_HW`` and the software
     conversion inserted after the includes."""
