@@ -16,7 +16,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from builder.errors import ConfigError, PatchError
-from builder.patch import diff, rules
+from builder.patch import diff, pullrequest, rules
 from builder.patch.meta import Patch
 from builder.patch.overlay import STATUSES, Outcome, Overlay, Status
 
@@ -102,10 +102,14 @@ def _run_one(p: Patch, overlay: Overlay, tree: Path, recorded: dict[str, dict[st
             return Outcome("upstream", f"{d.file} already has {d.contains!r}")
     if p.rule is not None:
         return rules.load(p.rule).run(overlay, p.folder)
-    assert p.diff is not None
-    outcome = diff.run(p.diff, overlay, is_git=(tree / ".git").exists())
-    files = diff.files_of(p.diff)
-    # A diff cannot tell its own result from upstream's; the record of an earlier apply can.
+    if p.pr is not None:
+        outcome = pullrequest.run(p.pr, overlay, p.folder)
+        files = pullrequest.files(p.folder, p.pr)
+    else:
+        assert p.diff is not None
+        outcome = diff.run(p.diff, overlay, is_git=(tree / ".git").exists())
+        files = diff.files_of(p.diff)
+    # A diff (or a PR) cannot tell its own result from upstream's; the record of an earlier apply can.
     if outcome.status == "upstream" and recorded.get(p.name, {}).get("status") == "applies":
         return Outcome("applied", f"the change is in the tree, and {RECORD} says sparkbuild applied it", files=files)
     return outcome

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -24,7 +25,7 @@ from typing import Any
 from packaging.version import Version
 
 from builder import log, sources
-from builder.patch import diff, engine, meta, need, rules
+from builder.patch import diff, engine, meta, need, pullrequest, rules
 from builder.patch.overlay import Status
 
 # The sweep starts here: the oldest release any patch's range reaches.
@@ -84,6 +85,8 @@ def reads(patches: Iterable[meta.Patch]) -> tuple[str, ...]:
             found |= set(rules.load(p.rule).reads)
         if p.diff is not None:
             found |= set(diff.files_of(p.diff))
+        if p.pr is not None:
+            found |= set(pullrequest.files(p.folder, p.pr))
     return tuple(sorted(found))
 
 
@@ -97,8 +100,11 @@ def tree(
         return full
     slice_ = cache / TREES / f"vllm-{version}"
     stamp = slice_ / STAMP
-    if stamp.is_file() and set(patterns) <= set(json.loads(stamp.read_text(encoding="utf-8"))["patterns"]):
+    held = tuple(json.loads(stamp.read_text(encoding="utf-8"))["patterns"]) if stamp.is_file() else ()
+    if held and all(covered(p, held) for p in patterns):
         return slice_
+    # A slice only grows: what it held stays, so callers that read less never narrow it for the others.
+    patterns = tuple(sorted(set(patterns) | set(held)))
     link = link or sources.sdist_link(version)
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".download-", dir=cache) as tmp:
@@ -107,6 +113,14 @@ def tree(
     record = {"sdist": link.filename, "sha256": link.sha256, "patterns": list(patterns), "files": count}
     stamp.write_text(json.dumps(record) + "\n", encoding="utf-8")
     return slice_
+
+
+def covered(pattern: str, held: tuple[str, ...]) -> bool:
+    """Whether a slice unpacked with the patterns ``held`` has every file ``pattern`` names: it is
+    one of them, or a plain path (no wildcard) one of them matches."""
+    if pattern in held:
+        return True
+    return not any(c in pattern for c in "*?[") and any(re.fullmatch(sources.glob_regex(h), pattern) for h in held)
 
 
 def trees(found: Sequence[Release], cache: Path, patterns: tuple[str, ...], full_ok: bool = True) -> dict[str, Path]:
