@@ -232,7 +232,17 @@ UNCOMPILED = """\
 +++ b/csrc/quantization/fp4/nvfp4_scaled_mm_kernels.cu
 @@ -1,1 +1,2 @@
 +// sparkbuild test: a change to an SM10x-only kernel
- FIRST
+FIRST
+"""
+# A comment added to the FP4 header, its code untouched: preflight compiles every unit that includes
+# it, so the same variant shows the unpatched hardware E2M1 conversion building for 12.1a with CUDA
+# 13.0, the evidence that e2m1-software is not needed there (docs/patches-needed.md).
+E2M1_AS_IS = """\
+--- a/csrc/quantization/fp4/nvfp4_utils.cuh
++++ b/csrc/quantization/fp4/nvfp4_utils.cuh
+@@ -1,1 +1,2 @@
++// sparkbuild test: the header as upstream has it
+FIRST
 """
 
 
@@ -247,19 +257,23 @@ def variants(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (folder / "patches" / "zz-test-fault").mkdir()
     (folder / "patches" / "zz-test-fault" / "fault.diff").write_text(INJECTED.replace("FIRST", f" {first}"))
     (folder / "patches" / "zz-test-fault" / "patch.yaml").write_text(PATCH_YAML)
-    sm100 = (tree / "csrc/quantization/fp4/nvfp4_scaled_mm_kernels.cu").read_text().splitlines()[0]
-    (folder / "patches" / "zz-test-sm100-only").mkdir()
-    (folder / "patches" / "zz-test-sm100-only" / "sm100.diff").write_text(UNCOMPILED.replace("FIRST", f" {sm100}"))
-    (folder / "patches" / "zz-test-sm100-only" / "patch.yaml").write_text(
-        PATCH_YAML.replace("plain sm_120 code", "12.1a build never compiles").replace("fault.diff", "sm100.diff")
-    )
+    for name, rel, text in (
+        ("zz-test-sm100-only", "csrc/quantization/fp4/nvfp4_scaled_mm_kernels.cu", UNCOMPILED),
+        ("zz-test-e2m1-as-is", "csrc/quantization/fp4/nvfp4_utils.cuh", E2M1_AS_IS),
+    ):
+        first_line = (tree / rel).read_text().splitlines()[0]
+        (folder / "patches" / name).mkdir()
+        (folder / "patches" / name / "change.diff").write_text(text.replace("FIRST", f" {first_line}"))
+        (folder / "patches" / name / "patch.yaml").write_text(
+            PATCH_YAML.replace("plain sm_120 code", "unit the test names").replace("fault.diff", "change.diff")
+        )
     shipped = yaml.safe_load((ROOT / "matrix.yaml").read_text())
     (target,) = [t for t in shipped["targets"] if t.get("id") == TARGET]
     shipped["targets"] = [
         {**target, "id": "vllm-0.33.0-cu130-sm120a", "arch_list": "12.0a"},
         # e2m1-software beside the fault: its patched FP4 units compile, the fault's unit does not.
         {**target, "id": "vllm-0.33.0-cu130-fault", "patches": ["e2m1-software", "zz-test-fault"]},
-        {**target, "id": "vllm-0.33.0-cu130-uncompiled", "patches": ["zz-test-sm100-only"]},
+        {**target, "id": "vllm-0.33.0-cu130-uncompiled", "patches": ["zz-test-e2m1-as-is", "zz-test-sm100-only"]},
     ]
     (folder / "matrix.yaml").write_text(yaml.safe_dump(shipped, sort_keys=False))
     return folder / "matrix.yaml"
@@ -312,7 +326,25 @@ def test_a_patch_set_whose_cuda_change_no_unit_compiles_fails_naming_the_file(fa
     audit = result["preflight"]
     changed = "csrc/quantization/fp4/nvfp4_scaled_mm_kernels.cu"
     assert result["status"] == "failed (preflight)" and not audit["ok"]
-    assert audit["changed_files"] == [changed] and audit["uncompiled_changes"] == [changed]
-    assert audit["compiled"] == [] and audit["counts"]["none"] == 0  # every unit has code: only the patch fails
+    assert changed in audit["changed_files"] and audit["uncompiled_changes"] == [changed]
+    assert changed not in {c["file"] for c in audit["compiled"]} and audit["counts"]["none"] == 0
     assert f"the patch set changes {changed}, and no unit this configure compiles is or includes it" in result["error"]
     assert result["stages"] == []
+
+
+def test_the_fp4_header_as_upstream_has_it_builds_in_every_unit_for_121a(failed: dict[str, dict[str, Any]]) -> None:
+    """The same variant's other patch adds only a comment to nvfp4_utils.cuh, so preflight compiles
+    every unit that includes the header with its hardware E2M1 conversion untouched: each builds, with
+    code for sm_121. e2m1-software is not needed for 12.1a with CUDA 13.0 (docs/patches-needed.md)."""
+    audit = failed["vllm-0.33.0-cu130-uncompiled"]["preflight"]
+    assert audit is not None
+    compiled = {c["file"]: c for c in audit["compiled"]}
+    assert {
+        "csrc/quantization/fp4/nvfp4_quant_entry.cu",
+        "csrc/quantization/fp4/nvfp4_quant_kernels.cu",
+        "csrc/quantization/fp4/activation_nvfp4_quant_fusion_kernels.cu",
+        "csrc/quantization/fp4/nvfp4_experts_quant.cu",
+        "csrc/nvfp4_kv_cache_kernels.cu",
+    } == set(compiled)
+    for unit in compiled.values():
+        assert unit["ok"] and unit["runs_on_device"], unit
