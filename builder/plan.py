@@ -23,6 +23,7 @@ from builder.errors import ConfigError
 from builder.matrix import Target
 from builder.options import Options, defaults
 from builder.patch import bundle as patch_bundle
+from builder.patch import pullrequest
 
 # Bump when the meaning of the inputs changes, so every tag moves once.
 PLAN_FORMAT = 1
@@ -340,6 +341,11 @@ def resources(target: Target, patch_folders: Mapping[str, Path]) -> dict[str, re
     for name in target.patches:
         folder = patch_folders[name]
         patch_files += [(f"patches/{name}/{f.relative_to(folder)}", f.read_bytes()) for f in fsutil.files(folder)]
+        spec = patch.load_one(folder).pr
+        if spec is not None:
+            # An upstream PR: its fetched files (by sha256, so the stage hash holds still) go with it,
+            # and the source stage merges them without fetching.
+            patch_files += [(f"patches/{name}/{rel}", data) for rel, data in pullrequest.materialized(folder, spec)]
     package = Path(__file__).resolve().parent
     # The patch engine as a source stage runs it: the modules builder.patch.bundle derives.
     engine = [(f"sparkbuild/{path}", data) for path, data in patch_bundle.files()]

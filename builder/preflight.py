@@ -32,6 +32,8 @@ _GENCODE = re.compile(r"arch=compute_(\w+?),code=\[?([\w,]+)\]?")
 _ARCH = re.compile(r"^(\d+?)(\d)([af]?)$")
 _LIBRARY = re.compile(r"CMakeFiles/([^/]+)\.dir/")
 Verdict = Literal["sass", "ptx-only", "none"]
+# What nvcc compiles: a patch that changes one of these must have a unit compiled that holds it.
+CUDA_SOURCES = (".cu", ".cuh")
 
 
 def _arch(text: str) -> Arch:
@@ -99,6 +101,8 @@ class Compiled:
     codes: tuple[Code, ...] = ()
     runs: bool | None = None
     error: str = ""
+    # The files the patch set changed that this unit is or includes.
+    reaches: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -108,6 +112,7 @@ class Compiled:
             "codes": [c.label() for c in self.codes],
             "runs_on_device": self.runs,
             "error": self.error,
+            "reaches": list(self.reaches),
         }
 
 
@@ -133,8 +138,15 @@ class Report:
         return tuple(c for c in self.compiled if not c.ok or c.runs is False)
 
     @property
+    def uncompiled_changes(self) -> tuple[str, ...]:
+        """CUDA sources the patch set changed that no compiled unit is or includes: a patched
+        kernel this build never compiles was not proven here, and does nothing in the image."""
+        reached = {f for c in self.compiled for f in c.reaches}
+        return tuple(f for f in self.changed_files if f.endswith(CUDA_SOURCES) and f not in reached)
+
+    @property
     def ok(self) -> bool:
-        return bool(self.units) and not self.failing_units and not self.failing_compiles
+        return bool(self.units) and not self.failing_units and not self.failing_compiles and not self.uncompiled_changes
 
     def counts(self) -> dict[Verdict, int]:
         verdicts: tuple[Verdict, ...] = ("sass", "ptx-only", "none")
@@ -145,6 +157,8 @@ class Report:
         c = self.counts()
         text = f"{len(self.units)} units: {c['sass']} sass, {c['ptx-only']} ptx-only, {c['none']} none"
         text += f"; {len(self.compiled) - len(self.failing_compiles)}/{len(self.compiled)} patched ok"
+        if self.uncompiled_changes:
+            text += f"; {len(self.uncompiled_changes)} patched CUDA file(s) compiled by no unit"
         if self.stubbed:
             text += f"; {len(self.stubbed)} stubbed"
         return text + f"; {self.configure_seconds + self.compile_seconds:.0f}s"
@@ -167,6 +181,8 @@ class Report:
             lines.append(f"  patched unit {state}: {c.file} ({c.seconds:.0f}s) [{', '.join(x.label() for x in c.codes)}]")
             if c.error:
                 lines.append("    " + c.error.strip().splitlines()[-1][:300])
+        for f in self.uncompiled_changes:
+            lines.append(f"  PATCHED BUT COMPILED BY NO UNIT: {f}")
         if self.peak_rss_mb:
             lines.append(f"  largest compiler process: {self.peak_rss_mb} MB")
         if self.stubbed:
@@ -181,6 +197,7 @@ class Report:
             "counts": self.counts(),
             "failing_units": [u.to_json() for u in self.failing_units],
             "failing_compiles": [c.to_json() for c in self.failing_compiles],
+            "uncompiled_changes": list(self.uncompiled_changes),
             "stubbed": list(self.stubbed),
         }
 
@@ -194,6 +211,7 @@ class Report:
             "compiled": [c.to_json() for c in self.compiled],
             "stubbed": list(self.stubbed),
             "changed_files": list(self.changed_files),
+            "uncompiled_changes": list(self.uncompiled_changes),
             "configure_seconds": self.configure_seconds,
             "compile_seconds": self.compile_seconds,
             "peak_rss_mb": self.peak_rss_mb,
@@ -206,10 +224,17 @@ class Report:
         problems += [f"{c.file} ({'does not compile' if not c.ok else 'no code for the GPU'})" for c in self.failing_compiles]
         if not self.units:
             problems.append("the configure listed no CUDA unit")
+        said = [f"{len(problems)} unit(s) cannot serve sm_{self.device.major}{self.device.minor}: {'; '.join(problems)}"]
+        said = said if problems else []
+        if self.uncompiled_changes:
+            said.append(
+                f"the patch set changes {', '.join(self.uncompiled_changes)}, and no unit this configure compiles is or "
+                "includes it: the patched code would not be in the image, and nothing here proved it builds"
+            )
         raise BuildError(
-            f"preflight of {self.target} failed before the compile: {len(problems)} unit(s) cannot serve "
-            f"sm_{self.device.major}{self.device.minor}: {'; '.join(problems)}. Check the arch list and the "
-            "patch set (cmake-arch-sm121 widens vLLM's arch lists, e2m1-software the FP4 conversion)"
+            f"preflight of {self.target} failed before the compile: {'; '.join(said)}. Check the arch list and the "
+            "patch set (cmake-arch-sm121 widens vLLM's arch lists, e2m1-software the FP4 conversion; a patch this "
+            "target does not compile is not needed here: see `sparkbuild patch table`)"
         )
 
 
@@ -235,6 +260,7 @@ def read(folder: Path, target: str, gpu: str) -> Report:
                 codes=codes,
                 runs=runs,
                 error=str(entry.get("error", "")),
+                reaches=tuple(entry.get("reaches", ())),
             )
         )
     return Report(

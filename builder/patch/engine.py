@@ -16,7 +16,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from builder.errors import ConfigError, PatchError
-from builder.patch import diff, rules
+from builder.patch import diff, pullrequest, rules
 from builder.patch.meta import Patch
 from builder.patch.overlay import STATUSES, Outcome, Overlay, Status
 
@@ -72,7 +72,9 @@ def check(tree: Path, patches: tuple[Patch, ...], version: str, component: str =
         if outcome.status == "applies":
             for edit in outcome.edits:
                 overlay.write(edit.path, edit.after)
-        results.append(Result(p.name, outcome.status, outcome.detail, tuple(e.path for e in outcome.edits)))
+        # The files that hold the change: those it writes, or those that already have it (applied).
+        files = tuple(e.path for e in outcome.edits) or outcome.files
+        results.append(Result(p.name, outcome.status, outcome.detail, files))
     return Report(source=tree, component=component, version=version, results=tuple(results), overlay=overlay)
 
 
@@ -100,11 +102,16 @@ def _run_one(p: Patch, overlay: Overlay, tree: Path, recorded: dict[str, dict[st
             return Outcome("upstream", f"{d.file} already has {d.contains!r}")
     if p.rule is not None:
         return rules.load(p.rule).run(overlay, p.folder)
-    assert p.diff is not None
-    outcome = diff.run(p.diff, overlay, is_git=(tree / ".git").exists())
-    # A diff cannot tell its own result from upstream's; the record of an earlier apply can.
+    if p.pr is not None:
+        outcome = pullrequest.run(p.pr, overlay, p.folder)
+        files = pullrequest.files(p.folder, p.pr)
+    else:
+        assert p.diff is not None
+        outcome = diff.run(p.diff, overlay, is_git=(tree / ".git").exists())
+        files = diff.files_of(p.diff)
+    # A diff (or a PR) cannot tell its own result from upstream's; the record of an earlier apply can.
     if outcome.status == "upstream" and recorded.get(p.name, {}).get("status") == "applies":
-        return Outcome("applied", f"the change is in the tree, and {RECORD} says sparkbuild applied it")
+        return Outcome("applied", f"the change is in the tree, and {RECORD} says sparkbuild applied it", files=files)
     return outcome
 
 

@@ -53,3 +53,31 @@ def fill(section: str, indent: str = "", **values: str) -> str:
 
 def _non_empty(line: str) -> bool:
     return bool(line.strip())
+
+
+_WORD = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*)|(\$))")
+
+
+def pattern(section: str) -> re.Pattern[str]:
+    """A regex that finds ``section`` as ``fill`` writes it, at any indentation, each ``$word``
+    standing for whatever the tree gave it: a block ``$word`` for one or more lines indented at
+    least as far, an inline one for any text on its line. How a rule tells its change is there."""
+    parts: list[str] = []
+    for number, line in enumerate(section.rstrip("\n").split("\n")):
+        lead = "^(?P<indent>[ \t]*)" if number == 0 else "^(?P=indent)"
+        if not line.strip():
+            parts.append(r"[ \t]*\n")
+        elif block := _BLOCK.fullmatch(line):
+            inner = lead + re.escape(block.group(1))
+            parts.append(rf"{inner}\S.*\n(?:{inner}.*\n)*")
+        else:
+            indent = line[: len(line) - len(line.lstrip())]
+            pieces = _WORD.split(line.strip())
+            # split gives: text, then the three groups of each $word (a name, or "$" for "$$"), text, ...
+            body = ""
+            for i in range(0, len(pieces), 4):
+                body += re.escape(pieces[i])
+                if i + 3 < len(pieces):
+                    body += re.escape("$") if pieces[i + 3] else ".+?"
+            parts.append(rf"{lead}{re.escape(indent)}{body}[ \t]*\n")
+    return re.compile("".join(parts), re.MULTILINE)

@@ -16,13 +16,16 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from builder import fsutil, packaged, validate, yamlsrc
 from builder.errors import ConfigError
 from builder.patch import rules
+from builder.patch.pullrequest import PullRequest
 
 COMPONENTS = ("vllm", "flashinfer", "triton")
 META = "patch.yaml"
 META_KEYS = ("summary", "why", "component", "versions", "versions_why", "upstream", "change")
-UPSTREAM_KEYS = ("fixed_in", "links", "detect")
+UPSTREAM_KEYS = ("fixed_in", "links", "detect", "alternatives")
 DETECT_KEYS = ("file", "contains")
-CHANGE_KEYS = ("diff", "rule")
+ALTERNATIVE_KEYS = ("file", "contains", "why")
+CHANGE_KEYS = ("diff", "rule", "pr")
+PR_KEYS = ("repo", "number", "base", "head", "sha256", "paths")
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,16 @@ class Detect:
 
     file: str
     contains: str
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """Upstream serves the patch's purpose another way (a backend of its own) where ``file`` contains
+    ``contains``: the patch still applies there, but is not needed (the support table says why)."""
+
+    file: str
+    contains: str
+    why: str
 
 
 @dataclass(frozen=True)
@@ -48,6 +61,8 @@ class Patch:
     detect: tuple[Detect, ...]
     diff: Path | None
     rule: str | None
+    alternatives: tuple[Alternative, ...] = ()
+    pr: PullRequest | None = None
 
 
 def default_dirs() -> tuple[Path, ...]:
@@ -127,11 +142,15 @@ def load_one(folder: Path) -> Patch:
     links = validate.list_of(validate.text)(doc, ("upstream", "links"), validate.require(doc, ("upstream",), upstream, "links"))
     detects = validate.list_of_maps(doc, ("upstream", "detect"), upstream.get("detect") or [])
     detect = tuple(_detect(doc, ("upstream", "detect", i), d) for i, d in enumerate(detects))
+    others = validate.list_of_maps(doc, ("upstream", "alternatives"), upstream.get("alternatives") or [])
+    alternatives = tuple(_alternative(doc, ("upstream", "alternatives", i), a) for i, a in enumerate(others))
     change = validate.mapping(doc, ("change",), data["change"], CHANGE_KEYS)
     if len(change) != 1:
-        raise doc.fail(("change",), "give exactly one of 'diff: FILE' or 'rule: NAME'")
-    diff = rule = None
-    if "diff" in change:
+        raise doc.fail(("change",), "give exactly one of 'diff: FILE', 'rule: NAME' or 'pr: {repo, number, base, sha256}'")
+    diff = rule = pr = None
+    if "pr" in change:
+        pr = _pull_request(doc, ("change", "pr"), change["pr"])
+    elif "diff" in change:
         diff = folder / validate.line(doc, ("change", "diff"), change["diff"])
         if not diff.resolve().is_relative_to(folder.resolve()):
             raise doc.fail(("change", "diff"), f"{diff} is outside the patch folder {folder}")
@@ -156,6 +175,8 @@ def load_one(folder: Path) -> Patch:
         detect=detect,
         diff=diff,
         rule=rule,
+        alternatives=alternatives,
+        pr=pr,
     )
 
 
@@ -167,6 +188,34 @@ def _detect(doc: yamlsrc.Located, path: yamlsrc.DocPath, value: Any) -> Detect:
     return Detect(
         file=_inside_tree(doc, (*path, "file"), validate.require(doc, path, d, "file")),
         contains=validate.text(doc, (*path, "contains"), validate.require(doc, path, d, "contains")),
+    )
+
+
+_commit = validate.pattern(r"[0-9a-f]{40}", "a full commit id (40 hex digits)", "2a69949bdadf0e8942b7a1619b229cb475beef20")
+_sha256 = validate.pattern(r"[0-9a-f]{64}", "a sha256 (64 hex digits)", "`sparkbuild patch pr` prints it")
+
+
+def _pull_request(doc: yamlsrc.Located, path: yamlsrc.DocPath, value: Any) -> PullRequest:
+    spec = validate.mapping(doc, path, value, PR_KEYS)
+    for key in ("repo", "number", "base", "sha256"):
+        validate.require(doc, path, spec, key)
+    listed = validate.list_of(validate.text)(doc, (*path, "paths"), spec.get("paths") or [])
+    return PullRequest(
+        repo=validate.line(doc, (*path, "repo"), spec["repo"]),
+        number=validate.positive_int(doc, (*path, "number"), spec["number"]),
+        base=_commit(doc, (*path, "base"), spec["base"]),
+        head=_commit(doc, (*path, "head"), spec["head"]) if spec.get("head") is not None else None,
+        sha256=_sha256(doc, (*path, "sha256"), spec["sha256"]),
+        paths=tuple(_inside_tree(doc, (*path, "paths", i), p) for i, p in enumerate(listed)),
+    )
+
+
+def _alternative(doc: yamlsrc.Located, path: yamlsrc.DocPath, value: Any) -> Alternative:
+    a = validate.mapping(doc, path, value, ALTERNATIVE_KEYS)
+    return Alternative(
+        file=_inside_tree(doc, (*path, "file"), validate.require(doc, path, a, "file")),
+        contains=validate.text(doc, (*path, "contains"), validate.require(doc, path, a, "contains")),
+        why=validate.text(doc, (*path, "why"), validate.require(doc, path, a, "why")).strip(),
     )
 
 

@@ -35,6 +35,8 @@ class Outcome:
     status: Status
     detail: str
     edits: tuple[Edit, ...] = ()
+    # Where the change already is (``applied``): the files a build compiles with the patch in them.
+    files: tuple[str, ...] = ()
 
 
 class RuleConflict(ValueError):
@@ -100,13 +102,28 @@ Rule = Callable[[Overlay, Path], Outcome]
 
 
 def settle(name: str, edits: list[Edit], notes: list[str], marker_files: list[str], nothing_to_do: str) -> Outcome:
-    """The outcome of a rule that looked at every file it changes.
+    """The outcome of a rule that looked at every file it changes, judged by content.
 
-    Edits left to make: ``applies``. None, and some file carries the rule's own marker (an earlier
-    apply): ``applied``. None and no marker: upstream has the fix.
+    The rule computes its edits from what the tree holds, so an edit left to make is a part of the
+    change that is missing. In a file that carries the rule's own marker, that is an error (the
+    file says the change is there and it is not: a hand edit, a half copy, a marker pasted in):
+    ``conflict``, naming the file. Edits left elsewhere: ``applies``. None, and some file carries
+    the marker: ``applied``, with those files. None and no marker: upstream has the fix.
     """
+    for edit in edits:
+        if edit.path in marker_files:
+            said = [n.removeprefix(f"{edit.path}: ") for n in notes if n.startswith(f"{edit.path}: ")]
+            return Outcome("conflict", marker_without_change(edit.path, name, "; ".join(said) or "an edit left to make"))
     if edits:
         return Outcome("applies", "; ".join(notes), tuple(edits))
     if marker_files:
-        return Outcome("applied", f"sparkbuild's {name} is already in {', '.join(marker_files)}")
+        return Outcome("applied", f"sparkbuild's {name} is in {', '.join(marker_files)}", files=tuple(marker_files))
     return Outcome("upstream", nothing_to_do)
+
+
+def marker_without_change(path: str, name: str, missing: str) -> str:
+    """The detail of a file that carries a patch's marker but not (all of) its change."""
+    return (
+        f"{path}: carries sparkbuild's {name} marker but not its change ({missing}); the file was edited "
+        "after the patch, or the marker was copied into it: check the tree out again"
+    )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -24,7 +25,7 @@ from typing import Any
 from packaging.version import Version
 
 from builder import log, sources
-from builder.patch import diff, engine, meta, rules
+from builder.patch import diff, engine, meta, need, pullrequest, rules
 from builder.patch.overlay import Status
 
 # The sweep starts here: the oldest release any patch's range reaches.
@@ -45,18 +46,21 @@ class Release:
 
 @dataclass(frozen=True)
 class Row:
-    """One release (or the candidate): each patch's status and detail."""
+    """One release (or the candidate): each patch's status and detail, and whether each build needs it."""
 
     version: str
     label: str  # where the tree came from: "sdist", or the candidate's tag and commit
     results: tuple[engine.Result, ...]
+    builds: tuple[need.Build, ...] = ()
+    needs: tuple[tuple[need.Need, ...], ...] = ()  # per result, per build
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "version": self.version,
-            "source": self.label,
-            "results": {r.patch: {"status": r.status, "detail": r.detail} for r in self.results},
-        }
+        results: dict[str, Any] = {}
+        for i, r in enumerate(self.results):
+            results[r.patch] = {"status": r.status, "detail": r.detail}
+            if self.needs:
+                results[r.patch]["needed"] = {b.cuda: n.to_json() for b, n in zip(self.builds, self.needs[i], strict=True)}
+        return {"version": self.version, "source": self.label, "results": results}
 
 
 def releases(through: Version | None = None, links: dict[str, sources.IndexLink] | None = None) -> tuple[Release, ...]:
@@ -76,10 +80,13 @@ def reads(patches: Iterable[meta.Patch]) -> tuple[str, ...]:
     found = set(KEEP)
     for p in patches:
         found |= {d.file for d in p.detect}
+        found |= {a.file for a in p.alternatives}
         if p.rule is not None:
             found |= set(rules.load(p.rule).reads)
         if p.diff is not None:
             found |= set(diff.files_of(p.diff))
+        if p.pr is not None:
+            found |= set(pullrequest.files(p.folder, p.pr))
     return tuple(sorted(found))
 
 
@@ -99,8 +106,11 @@ def tree(
         return full
     slice_ = cache / folder / f"vllm-{version}"
     stamp = slice_ / STAMP
-    if stamp.is_file() and set(patterns) <= set(json.loads(stamp.read_text(encoding="utf-8"))["patterns"]):
+    held = tuple(json.loads(stamp.read_text(encoding="utf-8"))["patterns"]) if stamp.is_file() else ()
+    if held and all(covered(p, held) for p in patterns):
         return slice_
+    # A slice only grows: what it held stays, so callers that read less never narrow it for the others.
+    patterns = tuple(sorted(set(patterns) | set(held)))
     link = link or sources.sdist_link(version)
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".download-", dir=cache) as tmp:
@@ -109,6 +119,14 @@ def tree(
     record = {"sdist": link.filename, "sha256": link.sha256, "patterns": list(patterns), "files": count}
     stamp.write_text(json.dumps(record) + "\n", encoding="utf-8")
     return slice_
+
+
+def covered(pattern: str, held: tuple[str, ...]) -> bool:
+    """Whether a slice unpacked with the patterns ``held`` has every file ``pattern`` names: it is
+    one of them, or a plain path (no wildcard) one of them matches."""
+    if pattern in held:
+        return True
+    return not any(c in pattern for c in "*?[") and any(re.fullmatch(sources.glob_regex(h), pattern) for h in held)
 
 
 def trees(
@@ -132,6 +150,7 @@ class Job:
     version: str
     tree: Path
     label: str
+    builds: tuple[need.Build, ...] = ()  # judge each patch's need for these builds too
 
 
 def sweep(found: Mapping[str, Path], names: tuple[str, ...] | None, jobs: Sequence[Job], workers: int | None = None) -> list[Row]:
@@ -157,7 +176,12 @@ def _worker_row(job: Job) -> Row:
 
 
 def _row(patches: tuple[meta.Patch, ...], job: Job) -> Row:
-    return Row(job.version, job.label, engine.check(job.tree, patches, job.version).results)
+    results = engine.check(job.tree, patches, job.version).results
+    by_name = {p.name: p for p in patches}
+    needs = tuple(
+        tuple(need.judge(by_name[r.patch], r.status, r.detail, job.tree, b) for b in job.builds) for r in results
+    )
+    return Row(job.version, job.label, results, job.builds, needs if job.builds else ())
 
 
 def candidate_job(url: str, cache: Path) -> Job | None:
@@ -239,9 +263,85 @@ def markdown_table(rows: Sequence[Row], wheels_only: Sequence[str]) -> str:
 
 
 def to_json(rows: Sequence[Row], wheels_only: Sequence[str]) -> dict[str, Any]:
-    return {
+    data: dict[str, Any] = {
         "releases": [r.to_json() for r in rows],
         "wheels_only": list(wheels_only),
         "first_upstream": first_upstream([r for r in rows if r.label == "sdist"]),
         "ok": all(r.status != "conflict" for row in rows for r in row.results),
     }
+    sdists = [r for r in rows if r.label == "sdist"]
+    if sdists and sdists[0].builds:
+        data["needed_on"] = {
+            name: {b.cuda: [list(span) for span in spans] for b, spans in per_build.items()}
+            for name, per_build in needed_spans(sdists).items()
+        }
+    return data
+
+
+# --- whether each patch is still needed ----------------------------------------------------------
+
+
+def need_cell(status: Status, needs: Sequence[need.Need], builds: Sequence[need.Build]) -> str:
+    """A status and, where the patch would change the tree, which builds need it."""
+    if status in ("upstream", "not-applicable") or not builds:
+        return status
+    wanted = [b.cuda for b, n in zip(builds, needs, strict=True) if n.needed]
+    if len(wanted) == len(builds):
+        return f"{status}, needed"
+    if wanted:
+        return f"{status}, needed on CUDA {', '.join(wanted)}"
+    return f"{status}, not needed"
+
+
+def needed_spans(rows: Sequence[Row]) -> dict[str, dict[need.Build, list[tuple[str, str]]]]:
+    """Per patch and build, the runs of consecutive releases (first, last) that need the patch."""
+    spans: dict[str, dict[need.Build, list[tuple[str, str]]]] = {}
+    for name_index, name in enumerate([r.patch for r in rows[0].results] if rows else []):
+        spans[name] = {}
+        for b_index, b in enumerate(rows[0].builds):
+            runs: list[tuple[str, str]] = []
+            previous = False
+            for row in rows:
+                now = row.needs[name_index][b_index].needed
+                if now and previous:
+                    runs[-1] = (runs[-1][0], row.version)
+                elif now:
+                    runs.append((row.version, row.version))
+                previous = now
+            spans[name][b] = runs
+    return spans
+
+
+def needed_markdown(rows: Sequence[Row], wheels_only: Sequence[str]) -> str:
+    """The support table with need: each cell the status and the builds that need the patch
+    (releases next to each other with equal cells share a line), then, per patch and build, the
+    releases that need it and why the newest does or does not."""
+    names = [r.patch for r in rows[0].results] if rows else []
+    builds = rows[0].builds if rows else ()
+    items: list[tuple[Version, str, tuple[str, ...]]] = [
+        (Version(r.version), r.version, tuple(need_cell(x.status, r.needs[i], builds) for i, x in enumerate(r.results)))
+        for r in rows
+    ]
+    items += [(Version(v), v, ()) for v in wheels_only]
+    groups: list[tuple[list[str], tuple[str, ...]]] = []
+    for _, version, cells in sorted(items):
+        if groups and groups[-1][1] == cells:
+            groups[-1][0].append(version)
+        else:
+            groups.append(([version], cells))
+    lines = ["| vLLM | " + " | ".join(f"`{n}`" for n in names) + " |", "|---|" + "---|" * len(names)]
+    for versions, cells in groups:
+        span = versions[0] if len(versions) == 1 else f"{versions[0]} - {versions[-1]}"
+        lines.append(f"| {span} | " + " | ".join(cells or tuple("wheels only, no sdist" for _ in names)) + " |")
+    said = "; ".join(f"TORCH_CUDA_ARCH_LIST={b.arch_list} and CUDA {b.cuda}" for b in builds)
+    lines += ["", f"Whether a build needs the patch: {said}." if builds else ""]
+    newest = rows[-1] if rows else None
+    for i, (name, per_build) in enumerate(needed_spans(rows).items()):
+        lines += ["", f"`{name}`:"]
+        for j, (b, runs) in enumerate(per_build.items()):
+            where = ", ".join(first if first == last else f"{first} - {last}" for first, last in runs) or "no release"
+            assert newest is not None
+            latest = newest.needs[i][j]
+            verdict = "needed" if latest.needed else "not needed"
+            lines.append(f"- CUDA {b.cuda}: needed on {where}; on {newest.version} {verdict}: {latest.why}")
+    return "\n".join(lines)

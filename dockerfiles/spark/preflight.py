@@ -3,8 +3,9 @@
 1. vLLM's own CMake configure of the patched source, with the target's TORCH_CUDA_ARCH_LIST, the
    external projects from the source stage (``*_SRC_DIR``) and FetchContent disconnected, so a
    source that would be cloned from GitHub is an error here and not a download;
-2. the translation units that include a file the patch set changed (the patch record says which),
-   compiled with exactly the flags CMake gave them, through ccache.
+2. the translation units that include a file the patch set changed (the patch record says which:
+   the files of every patch that ``applies`` or is ``applied``), compiled with exactly the flags
+   CMake gave them, through ccache; each result names the changed files its unit reaches.
 
 It writes ``compile_commands.json``, the compiled objects and ``preflight.json`` to ``--out``;
 sparkbuild audits the code targets of every unit and runs check-binary on the objects.
@@ -103,16 +104,16 @@ def includes(path: pathlib.Path, seen_text: dict) -> list:
     return seen_text[path]
 
 
-def touches(unit: pathlib.Path, dirs: list, changed: set, source: pathlib.Path, cache: dict) -> bool:
-    """Whether ``unit`` includes (transitively, within the source tree) a changed file."""
-    todo, seen = [unit.resolve()], set()
+def reaches(unit: pathlib.Path, dirs: list, changed: set, source: pathlib.Path, cache: dict) -> set:
+    """The changed files ``unit`` is or includes (transitively, within the source tree)."""
+    todo, seen, found = [unit.resolve()], set(), set()
     while todo:
         path = todo.pop()
         if path in seen:
             continue
         seen.add(path)
         if path in changed:
-            return True
+            found.add(path)
         for name in includes(path, cache):
             for folder in [path.parent, *dirs]:
                 candidate = (folder / name).resolve()
@@ -120,21 +121,41 @@ def touches(unit: pathlib.Path, dirs: list, changed: set, source: pathlib.Path, 
                     if source in candidate.parents:
                         todo.append(candidate)
                     break
-    return False
+    return found
+
+
+# The statuses whose files hold the patch set's change in this tree: made now, or already there.
+CHANGED = ("applies", "applied")
 
 
 def changed_files(source: pathlib.Path) -> set:
+    """Every file the patch record says holds a patch's change (by content: the engine says
+    ``applied`` only where the change itself is in the file)."""
     record = source / ".sparkbuild-patches.json"
     if not record.is_file():
         return set()
     data = json.loads(record.read_text())
-    return {(source / f).resolve() for r in data.get("results", []) if r.get("status") == "applies" for f in r.get("files", [])}
+    return {(source / f).resolve() for r in data.get("results", []) if r.get("status") in CHANGED for f in r.get("files", [])}
 
 
-def compile_unit(entry: dict, out: pathlib.Path, index: int) -> dict:
+def patched_units(commands: list, source: pathlib.Path, changed: set) -> list:
+    """(entry, the changed files it reaches) of every CUDA unit that is or includes a changed file."""
+    cache: dict = {}
+    units = []
+    for e in commands:
+        if e["file"].endswith(".cu"):
+            found = reaches(
+                pathlib.Path(e["file"]), include_dirs(entry_args(e), pathlib.Path(e["directory"])), changed, source, cache
+            )
+            if found:
+                units.append((e, sorted(str(p.relative_to(source)) for p in found)))
+    return units
+
+
+def compile_unit(entry: dict, out: pathlib.Path, index: int, reached: list) -> dict:
     args = entry_args(entry)
     if "-o" not in args:
-        return {"file": entry["file"], "ok": False, "error": "no -o in its compile command"}
+        return {"file": entry["file"], "ok": False, "error": "no -o in its compile command", "reaches": reached}
     obj = out / "objects" / f"{index:03d}-{pathlib.Path(entry['file']).name}.o"
     obj.parent.mkdir(parents=True, exist_ok=True)
     args[args.index("-o") + 1] = str(obj)
@@ -146,6 +167,7 @@ def compile_unit(entry: dict, out: pathlib.Path, index: int) -> dict:
         "object": str(obj.relative_to(out)) if done.returncode == 0 else None,
         "ok": done.returncode == 0,
         "seconds": round(time.monotonic() - start, 1),
+        "reaches": reached,
     }
     if done.returncode != 0:
         result["error"] = (done.stderr or done.stdout)[-3000:]
@@ -181,19 +203,13 @@ def main() -> None:
     commands = json.loads((args.build / "compile_commands.json").read_text())
     (args.out / "compile_commands.json").write_text(json.dumps(commands, indent=1))
     changed = changed_files(args.source)
-    cache: dict = {}
-    source = args.source.resolve()
-    units = [
-        e for e in commands
-        if e["file"].endswith(".cu")
-        and touches(pathlib.Path(e["file"]), include_dirs(entry_args(e), pathlib.Path(e["directory"])), changed, source, cache)
-    ]  # fmt: skip
+    units = patched_units(commands, args.source.resolve(), changed)
     # As many at once as the compile will run: vLLM's MAX_JOBS // NVCC_THREADS.
     workers = max(1, int(os.environ.get("MAX_JOBS", "1")) // int(os.environ.get("NVCC_THREADS", "1")))
     print(f"preflight: {len(units)} CUDA units include a patched file; compiling them, {workers} at once", flush=True)
     start = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        compiled = list(pool.map(lambda item: compile_unit(item[1], args.out, item[0]), enumerate(units)))
+        compiled = list(pool.map(lambda item: compile_unit(item[1][0], args.out, item[0], item[1][1]), enumerate(units)))
     report = {
         # The largest resident set of any compiler process (cicc, ptxas, ...) these compiles ran:
         # what the plan's memory per nvcc thread is checked against (a ccache hit runs no compiler).
@@ -201,7 +217,7 @@ def main() -> None:
         "source": str(args.source),
         "configure_seconds": round(seconds, 1),
         "compile_seconds": round(time.monotonic() - start, 1),
-        "changed_files": sorted(str(p.relative_to(source)) for p in changed),
+        "changed_files": sorted(str(p.relative_to(args.source.resolve())) for p in changed),
         "compiled": compiled,
         "stubbed": stubbed(args.source),
         "src_dirs": {k: v for k, v in sorted(os.environ.items()) if k.endswith("_SRC_DIR")},

@@ -3,10 +3,11 @@ vllm-0.33.0-cu130-sm121 target, from local git remotes made from the real 0.33.0
 0.7.2.post1 sdists, on CUDA bases made from NVIDIA's PyPI wheels.
 
 Every stage template is built with BuildKit; vLLM's own CMake configure runs for the target's arch
-list and is audited for the Spark's GPU; the units the patch set changed are compiled with nvcc and
-checked with cuobjdump; the runtime image runs its checks. Then the same rehearsal is made to fail
-the way users fear: an arch list whose cubins do not load on sm_121, and a patched unit that does
-not compile for the code it gets.
+list and is audited for the Spark's GPU (the shipped target needs no patch, so none is compiled);
+the runtime image runs its checks. Then the same rehearsal is made to fail the way users fear: an
+arch list whose cubins do not load on sm_121, a patched unit that does not compile for the code it
+gets (beside e2m1-software's patched FP4 units, compiled with nvcc and checked with cuobjdump), and
+a patch set whose CUDA change no unit of the configure compiles.
 """
 
 from __future__ import annotations
@@ -85,14 +86,11 @@ def test_the_audit_lists_every_unit_with_its_code_and_passes(rehearsed: dict[str
     assert "DeepGEMM using local DEEPGEMM_SRC_DIR: /src/externals/deepgemm" in configure
 
 
-def test_the_patched_units_compile_and_carry_code_for_the_spark(rehearsed: dict[str, Any]) -> None:
+def test_the_shipped_target_patches_nothing_and_compiles_no_patched_unit(rehearsed: dict[str, Any]) -> None:
+    """0.33.0 with CUDA 13.0 and 12.1a needs no patch (docs/patches-needed.md): nothing changed,
+    nothing extra compiled, and the audit above still holds every unit to code for sm_121."""
     audit = rehearsed["preflight"]
-    assert "csrc/quantization/fp4/nvfp4_utils.cuh" in audit["changed_files"]  # e2m1-software
-    compiled = {c["file"]: c for c in audit["compiled"]}
-    assert "csrc/quantization/fp4/nvfp4_quant_kernels.cu" in compiled and "csrc/nvfp4_kv_cache_kernels.cu" in compiled
-    for unit in compiled.values():
-        assert unit["ok"] and unit["runs_on_device"], unit
-        assert unit["codes"] == ["sm_120f"]  # the family cubin, by its symbol table (-lelf prints it as sm_120)
+    assert audit["changed_files"] == [] and audit["compiled"] == [] and audit["uncompiled_changes"] == []
 
 
 def test_the_runtime_image_checks_pass(rehearsed: dict[str, Any]) -> None:
@@ -226,6 +224,26 @@ versions: ">=0.33"
 upstream: {fixed_in: null, links: []}
 change: {diff: fault.diff}
 """
+# A real change to a kernel a 12.1a build never compiles: 0.33.0 lists nvfp4_scaled_mm_kernels.cu only
+# in FP4_SM100_SRCS. A patch set like this changes CUDA code that preflight cannot prove and the
+# image will not hold; preflight must fail it, naming the file (issue 29, section 3).
+UNCOMPILED = """\
+--- a/csrc/quantization/fp4/nvfp4_scaled_mm_kernels.cu
++++ b/csrc/quantization/fp4/nvfp4_scaled_mm_kernels.cu
+@@ -1,1 +1,2 @@
++// sparkbuild test: a change to an SM10x-only kernel
+FIRST
+"""
+# A comment added to the FP4 header, its code untouched: preflight compiles every unit that includes
+# it, so the same variant shows the unpatched hardware E2M1 conversion building for 12.1a with CUDA
+# 13.0, the evidence that e2m1-software is not needed there (docs/patches-needed.md).
+E2M1_AS_IS = """\
+--- a/csrc/quantization/fp4/nvfp4_utils.cuh
++++ b/csrc/quantization/fp4/nvfp4_utils.cuh
+@@ -1,1 +1,2 @@
++// sparkbuild test: the header as upstream has it
+FIRST
+"""
 
 
 @pytest.fixture(scope="module")
@@ -239,11 +257,23 @@ def variants(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (folder / "patches" / "zz-test-fault").mkdir()
     (folder / "patches" / "zz-test-fault" / "fault.diff").write_text(INJECTED.replace("FIRST", f" {first}"))
     (folder / "patches" / "zz-test-fault" / "patch.yaml").write_text(PATCH_YAML)
+    for name, rel, text in (
+        ("zz-test-sm100-only", "csrc/quantization/fp4/nvfp4_scaled_mm_kernels.cu", UNCOMPILED),
+        ("zz-test-e2m1-as-is", "csrc/quantization/fp4/nvfp4_utils.cuh", E2M1_AS_IS),
+    ):
+        first_line = (tree / rel).read_text().splitlines()[0]
+        (folder / "patches" / name).mkdir()
+        (folder / "patches" / name / "change.diff").write_text(text.replace("FIRST", f" {first_line}"))
+        (folder / "patches" / name / "patch.yaml").write_text(
+            PATCH_YAML.replace("plain sm_120 code", "unit the test names").replace("fault.diff", "change.diff")
+        )
     shipped = yaml.safe_load((ROOT / "matrix.yaml").read_text())
     (target,) = [t for t in shipped["targets"] if t.get("id") == TARGET]
     shipped["targets"] = [
         {**target, "id": "vllm-0.33.0-cu130-sm120a", "arch_list": "12.0a"},
-        {**target, "id": "vllm-0.33.0-cu130-fault", "patches": [*target["patches"], "zz-test-fault"]},
+        # e2m1-software beside the fault: its patched FP4 units compile, the fault's unit does not.
+        {**target, "id": "vllm-0.33.0-cu130-fault", "patches": ["e2m1-software", "zz-test-fault"]},
+        {**target, "id": "vllm-0.33.0-cu130-uncompiled", "patches": ["zz-test-e2m1-as-is", "zz-test-sm100-only"]},
     ]
     (folder / "matrix.yaml").write_text(yaml.safe_dump(shipped, sort_keys=False))
     return folder / "matrix.yaml"
@@ -251,9 +281,10 @@ def variants(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def failed(variants: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """Both variants rehearsed by one command (one offline source set-up): each fails, neither stops the other."""
+    """The variants rehearsed by one command (one offline source set-up): each fails, none stops another."""
     out = tmp_path_factory.mktemp("variants-out")
-    done = rehearse(out, "--matrix", str(variants), "--only", "vllm-0.33.0-cu130-sm120a", "--only", "vllm-0.33.0-cu130-fault")
+    only = ["--only", "vllm-0.33.0-cu130-sm120a", "--only", "vllm-0.33.0-cu130-fault", "--only", "vllm-0.33.0-cu130-uncompiled"]
+    done = rehearse(out, "--matrix", str(variants), *only)
     assert done.returncode == 8, done.stderr[-3000:]
     return {r["target"]: r for r in json.loads(done.stdout)}
 
@@ -273,8 +304,47 @@ def test_an_arch_list_whose_cubins_do_not_load_on_sm121_fails_naming_the_units(f
 
 def test_a_patched_unit_that_does_not_compile_for_its_code_fails_naming_it(failed: dict[str, dict[str, Any]]) -> None:
     result = failed["vllm-0.33.0-cu130-fault"]
-    compiled = {c["file"]: c for c in result["preflight"]["compiled"]}
+    assert result["preflight"] is not None, result["error"]
+    audit = result["preflight"]
+    assert "csrc/quantization/fp4/nvfp4_utils.cuh" in audit["changed_files"]  # e2m1-software
+    compiled = {c["file"]: c for c in audit["compiled"]}
     fault = compiled["csrc/quantization/fp4/nvfp4_quant_entry.cu"]
     assert not fault["ok"] and "not supported on .target 'sm_120'" in fault["error"]
-    assert compiled["csrc/quantization/fp4/nvfp4_quant_kernels.cu"]["ok"]  # the other units still compile
     assert "csrc/quantization/fp4/nvfp4_quant_entry.cu (does not compile)" in result["error"]
+    # The other units, the FP4 ones e2m1-software patched among them, compile with code for the Spark.
+    for name in ("csrc/quantization/fp4/nvfp4_quant_kernels.cu", "csrc/nvfp4_kv_cache_kernels.cu"):
+        unit = compiled[name]
+        assert unit["ok"] and unit["runs_on_device"], unit
+        assert unit["codes"] == ["sm_120"]  # cuobjdump prints the sm_120f family cubin as sm_120
+        assert unit["reaches"] == ["csrc/quantization/fp4/nvfp4_utils.cuh"]
+
+
+def test_a_patch_set_whose_cuda_change_no_unit_compiles_fails_naming_the_file(failed: dict[str, dict[str, Any]]) -> None:
+    """The patched SM10x-only kernel: preflight compiles no unit that holds it, and says so."""
+    result = failed["vllm-0.33.0-cu130-uncompiled"]
+    assert result["preflight"] is not None, result["error"]
+    audit = result["preflight"]
+    changed = "csrc/quantization/fp4/nvfp4_scaled_mm_kernels.cu"
+    assert result["status"] == "failed (preflight)" and not audit["ok"]
+    assert changed in audit["changed_files"] and audit["uncompiled_changes"] == [changed]
+    assert changed not in {c["file"] for c in audit["compiled"]} and audit["counts"]["none"] == 0
+    assert f"the patch set changes {changed}, and no unit this configure compiles is or includes it" in result["error"]
+    assert result["stages"] == []
+
+
+def test_the_fp4_header_as_upstream_has_it_builds_in_every_unit_for_121a(failed: dict[str, dict[str, Any]]) -> None:
+    """The same variant's other patch adds only a comment to nvfp4_utils.cuh, so preflight compiles
+    every unit that includes the header with its hardware E2M1 conversion untouched: each builds, with
+    code for sm_121. e2m1-software is not needed for 12.1a with CUDA 13.0 (docs/patches-needed.md)."""
+    audit = failed["vllm-0.33.0-cu130-uncompiled"]["preflight"]
+    assert audit is not None
+    compiled = {c["file"]: c for c in audit["compiled"]}
+    assert {
+        "csrc/quantization/fp4/nvfp4_quant_entry.cu",
+        "csrc/quantization/fp4/nvfp4_quant_kernels.cu",
+        "csrc/quantization/fp4/activation_nvfp4_quant_fusion_kernels.cu",
+        "csrc/quantization/fp4/nvfp4_experts_quant.cu",
+        "csrc/nvfp4_kv_cache_kernels.cu",
+    } == set(compiled)
+    for unit in compiled.values():
+        assert unit["ok"] and unit["runs_on_device"], unit

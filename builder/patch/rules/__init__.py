@@ -1,7 +1,9 @@
 """The rules: one module per rule, named after it (``cmake-arch-sm121`` is ``cmake_arch_sm121.py``).
 
 A rule module has ``NAME``, ``READS`` (globs of the tree files it reads, relative to the tree) and
-``run(overlay, folder) -> Outcome``; its upstream fragments live in the patch's folder. A new rule
+``run(overlay, folder) -> Outcome``; its upstream fragments live in the patch's folder. It may have
+``needed(tree, cuda, arch_list) -> (bool, why)``: whether a build needs the change where it applies
+(the support table's NEEDED column, ``builder.patch.need``; run on the host only). A new rule
 is a new module here: nothing else lists them, and only the rules a patch set names are imported.
 """
 
@@ -10,10 +12,14 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import pkgutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from builder.patch.overlay import Rule
+
+# (release tree, CUDA version, arch list) -> (needed, why).
+Needed = Callable[[Path, str, str], tuple[bool, str]]
 
 
 @dataclass(frozen=True)
@@ -21,6 +27,7 @@ class RuleModule:
     name: str
     run: Rule
     reads: tuple[str, ...]
+    needed: Needed | None = None
 
 
 def names() -> tuple[str, ...]:
@@ -30,7 +37,7 @@ def names() -> tuple[str, ...]:
 
 def load(name: str) -> RuleModule:
     module = importlib.import_module(f"{__name__}.{name.replace('-', '_')}")
-    return RuleModule(name=module.NAME, run=module.run, reads=tuple(module.READS))
+    return RuleModule(name=module.NAME, run=module.run, reads=tuple(module.READS), needed=getattr(module, "needed", None))
 
 
 def source(name: str) -> bytes:

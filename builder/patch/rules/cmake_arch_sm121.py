@@ -59,6 +59,18 @@ def run(overlay: Overlay, folder: Path) -> Outcome:
     return settle(NAME, edits, notes, marked, "every arch list that serves 12.0 already serves 12.1")
 
 
+def needed(tree: Path, cuda: str, arch_list: str) -> tuple[bool, str]:
+    """Needed where, unpatched, vLLM's own CMake helpers leave a kernel list that serves SM12x
+    without code that runs on sm_121 for this CUDA version and arch list (run with cmake)."""
+    from builder.patch import archs  # needs cmake: the table's, never the container's
+
+    bad = archs.unrunnable(tree, float(cuda), arch_list)
+    if not bad:
+        return False, f"vLLM's own arch helpers give every SM12x kernel list code that runs on sm_121 with CUDA {cuda}"
+    said = ", ".join(f"{key} gives {'/'.join(got) or 'nothing'}" for key, got in bad.items())
+    return True, f"unpatched, with CUDA {cuda}: {said}"
+
+
 def edit_file(text: str, top_level: bool, utils: bool) -> tuple[str, list[str]]:
     """The new text and a note per changed command; edits go from the end so offsets hold."""
     changes: list[Change] = []

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from builder.patch.overlay import Edit, Outcome, Overlay, RuleConflict, settle
+from builder.patch.overlay import Edit, Outcome, Overlay, RuleConflict, marker_without_change, settle
 from builder.patch.source import close_paren
 
 NAME = "e2m1-software"
@@ -20,9 +20,12 @@ HEADER = "nvfp4_utils.cuh"
 SNIPPET = "e2m1_software.cuh"
 MARKER = "sparkbuild e2m1-software"
 READS = (f"csrc/**/{HEADER}",)
+HW_GUARD = "SPARKBUILD_E2M1_HW"
 
 _ASM = re.compile(r"\basm\s*(?:volatile\s*)?\(")
-_GUARD_WORDS = ("__CUDA_ARCH_FAMILY_SPECIFIC__", "__CUDA_ARCH_SPECIFIC__", "__CUDA_ARCH_FEAT_SM", "SPARKBUILD_E2M1_HW")
+_GUARD_WORDS = ("__CUDA_ARCH_FAMILY_SPECIFIC__", "__CUDA_ARCH_SPECIFIC__", "__CUDA_ARCH_FEAT_SM", HW_GUARD)
+# A block as _guard_blocks writes it: the asm statement (group 1), then its software path.
+_GUARDED = re.compile(rf"#if {HW_GUARD}\n(.*?)\n#else\n.*?\n#endif", re.DOTALL)
 
 
 class AsmError(RuleConflict):
@@ -39,7 +42,11 @@ def run(overlay: Overlay, folder: Path) -> Outcome:
     marked: list[str] = []
     for rel in targets:
         before = overlay.read(rel)
-        if MARKER in before:
+        if MARKER in before or HW_GUARD in before:
+            # Judged by content: the file must be exactly what this rule makes of the file it came from.
+            problem = _differs(before, snippet, rel)
+            if problem is not None:
+                return Outcome("conflict", marker_without_change(rel, NAME, problem))
             marked.append(rel)
             continue
         blocks = [b for b in asm_blocks(before) if "e2m1x2" in before[b[0] : b[1]]]
@@ -50,12 +57,62 @@ def run(overlay: Overlay, folder: Path) -> Outcome:
             notes.append(f"{rel}: every e2m1x2 asm is already guarded by an arch-specific #if")
             continue
         try:
-            after = _insert_snippet(_guard_blocks(before, open_blocks), snippet, rel)
+            after = patched(before, open_blocks, snippet, rel)
         except AsmError as exc:
             return Outcome("conflict", f"{rel}: {exc}")
         edits.append(Edit(rel, before, after))
         notes.append(f"{rel}: software fallback for {len(open_blocks)} e2m1x2 asm block(s)")
     return settle(NAME, edits, notes, marked, "; ".join(notes))
+
+
+def needed(tree: Path, cuda: str, arch_list: str) -> tuple[bool, str]:
+    """Needed only where a Blackwell target in the arch list is plain (``12.1``) or PTX (``+PTX``):
+    ptxas has ``cvt.rn.satfinite.e2m1x2.f32`` for arch- and family-specific targets alone. With an
+    ``a``/``f`` target the FP4 units get sm_121a / sm_120f code (vLLM keeps the suffix from 0.19.0,
+    PR #37725; cmake-arch-sm121 before), where the hardware conversion assembles and this rule
+    would keep it. The tree does not change that."""
+    del tree, cuda
+    plain = [
+        e
+        for e in arch_list.replace(";", " ").split()
+        if e.endswith("+PTX") or (not e.endswith(("a", "f")) and float(e.removesuffix("+PTX")) >= 10.0)
+    ]
+    if plain:
+        return True, f"the arch list has {', '.join(plain)}: plain or PTX targets, where ptxas has no cvt ... e2m1x2"
+    return False, (
+        f"the arch list {arch_list} is arch-specific: the FP4 units get sm_121a / sm_120f code, where the hardware "
+        "conversion assembles (the arch suffix kept: PR #37725, or cmake-arch-sm121)"
+    )
+
+
+def patched(text: str, open_blocks: list[tuple[int, int]], snippet: str, rel: str) -> str:
+    """``text`` with each open e2m1x2 asm block under ``#if SPARKBUILD_E2M1_HW`` and the software
+    conversion inserted after the includes."""
+    return _insert_snippet(_guard_blocks(text, open_blocks), snippet, rel)
+
+
+def _differs(text: str, snippet: str, rel: str) -> str | None:
+    """What keeps ``text`` (a file with the rule's marker or guard) from being this rule's own
+    output; None when it is. The file it came from is recovered by undoing the change (the
+    snippet taken out, each guarded block back to its asm), patched again, and compared."""
+    inserted = "\n" + snippet.rstrip("\n") + "\n"
+    if inserted not in text:
+        return f"the software conversion of patches/e2m1-software/{SNIPPET} is not in it"
+    original = _GUARDED.sub(r"\1", text.replace(inserted, "", 1))
+    blocks = [b for b in asm_blocks(original) if "e2m1x2" in original[b[0] : b[1]]]
+    open_blocks = [b for b in blocks if not _guarded(original, b[0])]
+    guarded = text.count(f"#if {HW_GUARD}\n")
+    if len(open_blocks) != guarded:
+        return f"{guarded} of {len(open_blocks)} e2m1x2 asm block(s) have the software fallback"
+    try:
+        expected = patched(original, open_blocks, snippet, rel)
+    except AsmError as exc:
+        return str(exc)
+    if expected != text:
+        pairs = zip([*expected.splitlines(), ""], [*text.splitlines(), ""], strict=False)
+        line = next(i for i, (a, b) in enumerate(pairs, 1) if a != b)
+        return f"line {line} is not what the patch writes"
+    return None
 
 
 def asm_blocks(text: str) -> list[tuple[int, int]]:
@@ -98,7 +155,7 @@ def _guard_blocks(text: str, blocks: list[tuple[int, int]]) -> str:
             raise AsmError(f"asm at offset {start} does not start its line")
         indent = statement[: len(statement) - len(statement.lstrip())]
         software = _software_path(statement, indent)
-        text = text[:start] + f"#if SPARKBUILD_E2M1_HW\n{statement}\n#else\n{software}\n#endif" + text[end:]
+        text = text[:start] + f"#if {HW_GUARD}\n{statement}\n#else\n{software}\n#endif" + text[end:]
     return text
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.patch import fragments
-from builder.patch.overlay import Edit, Outcome, Overlay, RuleConflict
+from builder.patch.overlay import Edit, Outcome, Overlay, RuleConflict, marker_without_change
 
 NAME = "flashinfer-sinks-sm12x"
 BACKEND = "vllm/v1/attention/backends/flashinfer.py"
@@ -48,9 +48,12 @@ def run(overlay: Overlay, folder: Path) -> Outcome:
     if not overlay.exists(BACKEND):
         return Outcome("not-applicable", f"no {BACKEND} in this layout")
     before = overlay.read(BACKEND)
-    if MARKER in before:
-        return Outcome("applied", f"sparkbuild's {NAME} is already in {BACKEND}")
     code = fragments.read(folder / FRAGMENTS)
+    if MARKER in before:
+        missing = missing_parts(before, code)
+        if missing:
+            return Outcome("conflict", marker_without_change(BACKEND, NAME, f"missing: {', '.join(missing)}"))
+        return Outcome("applied", f"sparkbuild's {NAME} is in {BACKEND}: every part of it", files=(BACKEND,))
     try:
         splices = plan(before, code)
     except SyntaxError as exc:
@@ -82,6 +85,38 @@ def plan(text: str, code: dict[str, str]) -> list[Splice]:
     if not picks_kernel:
         splices += _decode(_method(impl, "forward"), code, lines)
     return sorted(splices, key=lambda s: s.first)
+
+
+def missing_parts(text: str, code: dict[str, str]) -> list[str]:
+    """The parts of the change a file that carries the marker lacks, each looked for as the rule
+    writes it (``fragments.pattern``); empty when the whole change is there."""
+    try:
+        module = ast.parse(text)
+        builder = _class_with(module, "_get_prefill_wrapper")
+        impl = _class_with(module, "forward", lambda c: any(_is_method_call(n, "prefill_wrapper", "run") for n in ast.walk(c)))
+    except SyntaxError as exc:
+        return [f"the file does not parse as Python (line {exc.lineno})"]
+    except RuleConflict as exc:
+        return [str(exc)]
+    picks_kernel = any(_assigns_self(n, "flashinfer_trtllm_api_decode_kernel") for n in ast.walk(builder))
+    wanted = {
+        "helper": ("helper",),
+        "supports_sink": ("supports-sink", "supports-sink-family"),
+        "builder": ("builder-xqa",) if picks_kernel else ("builder",),
+        "build": ("build-check",),
+        "prefill wrapper": ("prefill-wrapper",),
+        "prefill run": ("prefill-run",),
+    }
+    if not picks_kernel:
+        wanted["decode layout"] = ("decode-layout",)
+    missing = [part for part, sections in wanted.items() if not any(fragments.pattern(code[s]).search(text) for s in sections)]
+    imported = {a.name for n in module.body if isinstance(n, ast.ImportFrom) and n.module == "flashinfer" for a in n.names}
+    if SINK_WRAPPER not in imported:
+        missing.insert(0, "import")
+    decode = [n for n in ast.walk(_method(impl, "forward")) if _is_call_to(n, "trtllm_batch_decode_with_kv_cache")]
+    if not picks_kernel and not any(isinstance(c, ast.Call) and "kv_layout" in _keywords(c) for c in decode):
+        missing.append("decode call")
+    return missing
 
 
 def splice(text: str, splices: list[Splice]) -> str:

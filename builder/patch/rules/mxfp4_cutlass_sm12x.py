@@ -133,7 +133,8 @@ def _cmake(text: str, code: dict[str, str], overlay: Overlay, gemm: str, quant: 
 def _python_gate(text: str, code: dict[str, str]) -> str:
     if _PY_GATE_CLASS not in text:
         raise RuleConflict(f"no {_PY_GATE_CLASS.rstrip('(')} and no C++ gate in {QUANT}; update the rule")
-    if MARKER in text or "is_device_capability_family(120)" in text[text.index(_PY_GATE_CLASS) :]:
+    # By content: the gate admits family 120 (the marker alone is not the change; settle() says so).
+    if "is_device_capability_family(120)" in text[text.index(_PY_GATE_CLASS) :]:
         return text
     replace = fragments.fill(code["supports-current-device"], indent="        ")
     return apply_regions(text, (Region("CutlassExpertsMxfp4 gate", _PY_GATE, replace),))
