@@ -613,7 +613,9 @@ def summary_cmd(folder: Path, targets_json: str, prefix: str, lane: str, as_json
 
     targets = summary.parse_targets(targets_json)
     rows = summary.merge(targets, folder, prefix)
-    text = "\n\n".join(filter(None, (summary.table(rows), summary.reasons(rows), summary.speeds(rows))))
+    text = "\n\n".join(
+        filter(None, (summary.table(rows), summary.reasons(rows), summary.check_notes(rows), summary.speeds(rows)))
+    )
     click.echo(f"{text}\n\n{len(targets)} target(s), one job each", err=as_json)
     log.step_summary(f"## sparkbuild {lane}: every target\n\n{text}")
     if as_json:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder import host
+from builder import host, runnable
 from builder.engine import EngineFacts, probe
 from builder.errors import ConfigError, EngineError, FatalError, RegistryUnavailableError, ToolMissingError
 from builder.matrix import PLATFORMS, Check, Target
@@ -292,10 +292,17 @@ def _serves_on_the_gpu(check: Check, target: Target, facts: Facts) -> str | None
 
 # What any check of the image needs here: the engine, the image's platform, the GPU of a Spark image.
 SERVING_RULES: tuple[CheckRule, ...] = (_serves_with_the_engine, _serves_on_this_platform, _serves_on_the_gpu)
-# What one check needs beyond that, by its model and the CPU or GPU it would run on. Rules about
-# the CPU the local image serves on (vLLM's CPU kernels by format and ISA: AMX, AVX-512, Arm) go
-# here, reading facts.cpu.
-CHECK_RULES: tuple[CheckRule, ...] = ()
+
+
+def _cpu_serves_the_format(check: Check, target: Target, facts: Facts) -> str | None:
+    """The local image serves on this CPU: its vLLM's CPU kernels by the model's format and the
+    CPU's ISA (builder/resources/cpu-serving.yaml)."""
+    serving = runnable.Serving(cpu_image=target.profile == "local", vllm_version=target.version, cpu=facts.cpu)
+    return runnable.skip_reason(check, serving)
+
+
+# What one check needs beyond that, by its model and the CPU or GPU it would run on.
+CHECK_RULES: tuple[CheckRule, ...] = (_cpu_serves_the_format,)
 
 
 def check_blocker(check: Check, target: Target, facts: Facts) -> str | None:

@@ -14,6 +14,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -193,6 +194,70 @@ class Container:
         data: bytes = self._sdk.logs(tail="all" if tail is None else tail)
         return data.decode(errors="replace")
 
+    def state(self) -> ServerState:
+        """How the container stands now: running, or how it ended (exit code, signal, OOM kill)."""
+        self._sdk.reload()
+        raw: dict[str, Any] = self._sdk.attrs.get("State", {})
+        return ServerState.of(raw)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerState:
+    """Docker's ``State`` of a container, in the terms a person asks about a server that failed."""
+
+    status: str
+    exit_code: int | None
+    oom_killed: bool
+    error: str
+
+    @classmethod
+    def of(cls, raw: dict[str, Any]) -> ServerState:
+        status = str(raw.get("Status", "unknown"))
+        code = raw.get("ExitCode")
+        ended = status not in ("created", "running", "restarting")
+        return cls(
+            status=status,
+            exit_code=int(code) if ended and code is not None else None,
+            oom_killed=bool(raw.get("OOMKilled", False)),
+            error=str(raw.get("Error") or ""),
+        )
+
+    @property
+    def signal(self) -> str | None:
+        """The signal that ended the main process (exit code 128+N), by name."""
+        if self.exit_code is None or self.exit_code <= 128:
+            return None
+        try:
+            return signal.Signals(self.exit_code - 128).name
+        except ValueError:
+            return None
+
+    def text(self) -> str:
+        if self.exit_code is None:
+            text = f"still {self.status}" if self.status in ("running", "created") else self.status
+        else:
+            text = f"exited with code {self.exit_code}"
+            if self.signal:
+                text += f" ({self.signal})"
+        if self.oom_killed:
+            text += ", killed by the kernel's OOM killer (give the engine more memory)"
+        if self.error:
+            text += f", engine error: {self.error}"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "oom_killed": self.oom_killed,
+            "error": self.error,
+            "text": self.text(),
+        }
+
+
+# The label of the named volumes sparkbuild makes for what servers compile (vLLM, inductor, Triton).
+CACHE_LABEL = "io.sparkbuild.cache"
 
 GPU_HELP = (
     "this image serves on the GPU: run it where Docker has the NVIDIA Container Toolkit "
@@ -458,21 +523,28 @@ class Engine:
         *,
         name: str,
         mounts: Mapping[Path, str] = {},
+        caches: Mapping[str, str] = {},
         environment: Mapping[str, str] = {},
         shm_size: str = "1g",
         gpus: bool = False,
     ) -> Iterator[Container]:
         """Start a detached container on the host network (with every GPU when ``gpus``); always
-        remove it on the way out."""
+        remove it on the way out. ``mounts``: host folders, read-only; ``caches``: named volumes,
+        writable, kept after the container (what a server compiles once and reuses)."""
         volumes = {str(src): {"bind": dst, "mode": "ro"} for src, dst in mounts.items()}
+        volumes.update({volume: {"bind": dst, "mode": "rw"} for volume, dst in caches.items()})
         shown = ["docker", "run", "--detach", "--name", name, "--network", "host", "--shm-size", shm_size]
         if gpus:
             shown += ["--gpus", "all", "--ipc", "host"]
         for src, dst in mounts.items():
             shown += ["--volume", f"{src}:{dst}:ro"]
+        for volume, dst in caches.items():
+            shown += ["--volume", f"{volume}:{dst}"]
         for key, value in environment.items():
             shown += ["--env", f"{key}={value}"]
         log.info(cmd.show([*shown, image, *command]) + "  (SDK)")
+        for volume in caches:
+            self.cache_volume(volume)
         # Ctrl-C waits while the container is made and started: it lands below, where it is removed.
         held = signals.Held()
         try:
@@ -498,6 +570,17 @@ class Engine:
             yield Container(sdk)
         finally:
             self._remove(name)
+
+    def cache_volume(self, name: str) -> None:
+        """The named volume ``name``, made with sparkbuild's label where it is not there yet (so a
+        person, or ``docker volume ls --filter label=io.sparkbuild.cache``, can tell what made it)."""
+        try:
+            self.client.volumes.get(name)
+        except docker.errors.NotFound:
+            log.info(f"+ docker volume create --label {CACHE_LABEL}=1 {name}  (SDK)")
+            self.client.volumes.create(name=name, labels={CACHE_LABEL: "1"})
+        except docker.errors.APIError as exc:
+            raise EngineError(f"could not read the volume {name}: {exc.explanation}") from None
 
     def _remove(self, name: str) -> None:
         log.info(f"+ docker rm --force {name}  (SDK)")

@@ -6,7 +6,7 @@ is the one table of exit codes: the README's table is held to it by a test.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 OK = 0
 # A bug in sparkbuild, not in its input: the only case that prints a traceback.
@@ -52,10 +52,15 @@ class BuildError(FatalError):
 
 
 class VerifyError(FatalError):
-    """The image's server did not start or gave a wrong answer."""
+    """The image's server did not start or gave a wrong answer. ``request``: the request that failed
+    and what came back, where one did (verify keeps it as evidence)."""
 
     exit_code = 6
     meaning = "the image's server did not start or answered wrong, or publish found no passing verify result"
+
+    def __init__(self, message: str, *, request: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.request = request
 
 
 class PublishError(FatalError):

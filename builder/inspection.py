@@ -135,8 +135,7 @@ def _check_lines(result: Mapping[str, Any]) -> list[str]:
     kernels = result.get("kernels") or []
     lines += [
         f"    kernel path {k['kind']}: {'/'.join(c['backend'] for c in k['chosen']) or 'not logged'}"
-        f"{'' if k.get('ok') else ' (UNEXPECTED)'}"
-        + (f" [UNVERIFIED: {k['unverified']}]" if k.get("unverified") else "")
+        f"{'' if k.get('ok') else ' (UNEXPECTED)'}" + (f" [UNVERIFIED: {k['unverified']}]" if k.get("unverified") else "")
         for k in kernels
     ]
     bench = result.get("benchmark") or {}

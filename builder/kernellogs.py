@@ -162,9 +162,7 @@ def _statement(data: dict[str, Any]) -> logcalls.Statement:
 # --- the table held to the statements ------------------------------------------------------------
 
 
-def check(
-    ranges: Sequence[kernelpath.Range], found: Mapping[str, Source], releases: Sequence[Release], newest: str
-) -> list[str]:
+def check(ranges: Sequence[kernelpath.Range], found: Mapping[str, Source], releases: Sequence[Release], newest: str) -> list[str]:
     """Every way the table disagrees with the releases' source: a release no range covers (or two
     do), a newest range that does not end at ``newest``, a pattern that matches no choice statement
     of a release it applies to, a choice statement no pattern reads, a kind a range lacks though its
@@ -176,9 +174,7 @@ def check(
             choices = {rel.version: source.choices(rel.statements, Version(rel.version)) for rel in inside}
             kind = r.kinds.get(name)
             if kind is None:
-                problems += [
-                    f"vLLM {v} {c[0]}: a {name} choice, and {r.where} has no '{name}'" for v, c in choices.items() if c
-                ]
+                problems += [f"vLLM {v} {c[0]}: a {name} choice, and {r.where} has no '{name}'" for v, c in choices.items() if c]
                 continue
             problems += _live(r, kind, inside, choices)
             problems += _covered(r, kind, inside, choices)

@@ -444,6 +444,8 @@ def verified_cell(verified: verify.Verified) -> str:
         text = "FAILED" if found is None else verify_cell(found) if name == verified.checks[0] else _answers(found)
         if found is not None and name in verified.failures:
             text = f"FAILED ({text})"
+        if name in verified.skipped:
+            text = "SKIPPED on this host"
         parts.append(text if len(verified.checks) == 1 else f"{name}: {text}")
     return "; ".join(parts)
 
@@ -456,15 +458,22 @@ def _answers(result: verify.VerifyResult) -> str:
 
 
 def checks_json(verified: verify.Verified) -> list[dict[str, object]]:
-    """Each check's verdict for summary.json: ok, or the failure's first line."""
-    return [
-        {
-            "check": name,
-            "ok": name in verified.results and name not in verified.failures,
-            "error": str(verified.failures[name]).splitlines()[0] if name in verified.failures else None,
-        }
-        for name in verified.checks
-    ]
+    """Each check's verdict for summary.json: ok, skipped (with why), or the failure's first line
+    and the server's log to read."""
+    rows: list[dict[str, object]] = []
+    for name in verified.checks:
+        failed = name in verified.failures
+        folder = verified.folders.get(name)
+        rows.append(
+            {
+                "check": name,
+                "ok": name in verified.results and not failed,
+                "skipped": verified.skipped.get(name),
+                "error": str(verified.failures[name]).splitlines()[0] if failed else None,
+                "log": str(folder / verify.SERVER_LOG) if failed and folder is not None else None,
+            }
+        )
+    return rows
 
 
 def patch_cell(results: tuple[patch.Result, ...] | None) -> str:
@@ -475,4 +484,4 @@ def summary_table(runs: list[TargetRun]) -> str:
     """A Markdown table a person reads at a glance (and GitHub renders); ``summary`` draws it from
     the rows of summary.json, so a fanned-out lane's merged table looks the same."""
     rows = [r.row() for r in runs]
-    return "\n\n".join(filter(None, (summary.table(rows), summary.speeds(rows))))
+    return "\n\n".join(filter(None, (summary.table(rows), summary.check_notes(rows), summary.speeds(rows))))

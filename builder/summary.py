@@ -130,6 +130,19 @@ def reasons(rows: Sequence[Row]) -> str:
     return "\n".join(f"- {r['target']}: {r['error']}" for r in rows if r["error"])
 
 
+def check_notes(rows: Sequence[Row]) -> str:
+    """Each check that failed (with the server log to read) or was skipped on this host (with why),
+    one Markdown line each."""
+    lines = []
+    for r in rows:
+        for c in r.get("checks") or ():
+            if c.get("skipped"):
+                lines.append(f"- {r['target']}: check {c['check']} SKIPPED: {c['skipped']}")
+            elif c.get("error"):
+                lines.append(f"- {r['target']}: check {c['check']} FAILED: {c['error']} (log: {c.get('log') or '-'})")
+    return "\n".join(lines)
+
+
 def failed(rows: Sequence[Row]) -> list[str]:
     """The targets that failed: as in a lane, a row with an error."""
     return [str(r["target"]) for r in rows if r["error"]]

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import requests
 
-from builder import checkmodel, kernelpath, log, speed
+from builder import checkmodel, host, jitcache, kernelpath, log, probes, runnable, speed
 from builder.benchmark import Benchmark
 from builder.engine import Container, Engine
 from builder.errors import FatalError, VerifyError
@@ -26,8 +26,11 @@ from builder.matrix import Check, Prompt
 from builder.registry import free_port
 
 MODEL_NAME = "sparkbuild-check"
-# The server's whole log, beside verify.json: what the kernel-path gate read.
+# The server's whole log, beside verify.json, pass or fail: what the kernel-path gate read.
 SERVER_LOG = "server.log"
+# Beside it when the check failed: the error, the request that failed and its response, and how
+# the server ended (exit code, signal, OOM kill).
+FAILURE = "failure.json"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +64,8 @@ class VerifyResult:
     # What the server said it is (GET /version), and the kernels it chose where the check expects some.
     vllm_version: str = ""
     kernels: tuple[kernelpath.Chosen, ...] = field(default=())
+    # The client probes the server answered as it should (builder/probes.py).
+    probes: tuple[str, ...] = field(default=())
 
     @property
     def ok(self) -> bool:
@@ -81,7 +86,8 @@ def serve_check(
 ) -> VerifyResult:
     """Serve ``model`` from ``image`` and run the check: the result, written to ``result_file``,
     not judged. ``bench``: measure the speed too (a target's first check; the others give
-    answers and kernel paths)."""
+    answers and kernel paths). Whatever happens, the server's whole log is kept beside the
+    result; when the check fails, so is what failed (``failure.json``)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [
@@ -95,28 +101,51 @@ def serve_check(
         *check.serve_args,
     ]
     name = f"sparkbuild-verify-{secrets.token_hex(4)}"
-    with engine.run(image, command, name=name, mounts={model.resolve(): "/model"}, gpus=gpus) as container:
-        with log.step(f"Waiting for {image} to serve on {url}"):
-            startup = wait_healthy(container, url, check.startup_timeout)
-        folder = result_file.parent / "bench"
-        server = Server(
-            url=url,
-            model=MODEL_NAME,
-            read_log=lambda: container.logs(tail=None),
-            benchmark=(lambda: speed.measure(engine, image, check, model, url=url, served_name=MODEL_NAME, folder=folder))
-            if bench
-            else None,
-            no_benchmark="speed is measured on the target's first check",
-        )
-        result = run_check(
-            server,
-            check,
-            image=image,
-            model=str(model),
-            startup=startup,
-            result_file=result_file,
-        )
-    return result
+    folder = result_file.parent
+    # What the server compiles (torch.compile, Triton, FlashInfer JIT) is kept for this image alone.
+    caches = {jitcache.volume_for(str(engine.inspect(image)["Id"])): jitcache.MOUNT}
+    run = engine.run(
+        image, command, name=name, mounts={model.resolve(): "/model"}, caches=caches, environment=jitcache.ENV, gpus=gpus
+    )
+    with run as container:
+        try:
+            with log.step(f"Waiting for {image} to serve on {url}"):
+                startup = wait_healthy(container, url, check.startup_timeout)
+            server = Server(
+                url=url,
+                model=MODEL_NAME,
+                read_log=lambda: container.logs(tail=None),
+                benchmark=(
+                    lambda: speed.measure(engine, image, check, model, url=url, served_name=MODEL_NAME, folder=folder / "bench")
+                )
+                if bench
+                else None,
+                no_benchmark="speed is measured on the target's first check",
+            )
+            return run_check(server, check, image=image, model=str(model), startup=startup, result_file=result_file)
+        except VerifyError as exc:
+            raise failed(exc, container, check, image, folder) from None
+        finally:
+            _save_log(container, folder / SERVER_LOG)
+
+
+def _save_log(container: Container, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(container.logs(tail=None))
+
+
+def failed(exc: VerifyError, container: Container, check: Check, image: str, folder: Path) -> VerifyError:
+    """``exc`` with the evidence kept: failure.json (the error, the failing request and response,
+    how the server ended) beside the server's log, both named in the message."""
+    state = container.state()
+    evidence: dict[str, Any] = {"check": check.name, "image": image, "error": str(exc), "server": state.to_json()}
+    if exc.request is not None:
+        evidence["request"] = exc.request
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / FAILURE).write_text(json.dumps(evidence, indent=2) + "\n")
+    return VerifyError(
+        f"{exc}\n  the server then: {state.text()}\n  its log: {folder / SERVER_LOG}\n  what failed: {folder / FAILURE}"
+    )
 
 
 def result_files(first: Path, checks: Sequence[Check]) -> dict[str, Path]:
@@ -126,12 +155,16 @@ def result_files(first: Path, checks: Sequence[Check]) -> dict[str, Path]:
 
 
 def passed(result_file: Path, image: str) -> bool:
-    """Whether ``result_file`` is a passing result of ``image`` (what publish requires of each check)."""
+    """Whether ``result_file`` is a passing result of ``image``, or says the check was skipped on
+    this host (what publish requires of each check: a skip is named in the summary and attached as
+    such, never counted as a pass)."""
     try:
         data = json.loads(result_file.read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(data, dict) and data.get("ok") is True and data.get("image") == image
+    if not isinstance(data, dict) or data.get("image") != image:
+        return False
+    return data.get("ok") is True or bool(data.get("skipped"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,6 +175,10 @@ class Verified:
     checks: tuple[str, ...]
     results: dict[str, VerifyResult]
     failures: dict[str, FatalError]
+    # Checks this host cannot run (builder/runnable.py), with the reason: never served.
+    skipped: dict[str, str] = field(default_factory=dict)
+    # Each check's folder (verify.json, server.log, failure.json).
+    folders: dict[str, Path] = field(default_factory=dict)
 
     @property
     def first(self) -> VerifyResult | None:
@@ -176,10 +213,19 @@ def verify_all(
     files = result_files(result_file, checks)
     results: dict[str, VerifyResult] = {}
     failures: dict[str, FatalError] = {}
+    skipped: dict[str, str] = {}
+    serving = runnable.Serving.of(engine.inspect(image)["Config"].get("Labels") or {}, host.read_cpu())
     for i, check in enumerate(checks):
         with log.step(f"check {check.name} ({i + 1}/{len(checks)}) on {image}"):
             # An earlier run's result of this check must not stand for this one's.
-            files[check.name].unlink(missing_ok=True)
+            for stale in (files[check.name], files[check.name].parent / FAILURE):
+                stale.unlink(missing_ok=True)
+            reason = None if model is not None else runnable.skip_reason(check, serving)
+            if reason is not None:
+                skipped[check.name] = reason
+                write_skipped(files[check.name], check, image, reason)
+                log.warning(f"check {check.name}: SKIPPED, not served on this host: {reason}")
+                continue
             try:
                 folder = model or checkmodel.provide(cache, check)
                 served = serve_check(engine, image, check, folder, files[check.name], gpus=gpus, bench=i == 0)
@@ -188,7 +234,15 @@ def verify_all(
             except FatalError as exc:
                 failures[check.name] = exc
                 log.error(f"check {check.name}: {exc}")
-    return Verified(checks=tuple(c.name for c in checks), results=results, failures=failures)
+    folders = {name: path.parent for name, path in files.items()}
+    return Verified(checks=tuple(c.name for c in checks), results=results, failures=failures, skipped=skipped, folders=folders)
+
+
+def write_skipped(result_file: Path, check: Check, image: str, reason: str) -> None:
+    """The result of a check this host cannot run: named as skipped, with why; never ``ok``."""
+    result_file.parent.mkdir(parents=True, exist_ok=True)
+    data = {"image": image, "check": check.name, "ok": False, "skipped": reason}
+    result_file.write_text(json.dumps(data, indent=2) + "\n")
 
 
 def verify_url(url: str, check: Check, result_file: Path, log_file: Path | None = None) -> VerifyResult:
@@ -240,6 +294,7 @@ def run_check(server: Server, check: Check, *, image: str, model: str, startup: 
     answers = tuple(ask(server.url, prompt, server.model) for prompt in check.prompts)
     for a in answers:
         log.info(f"  {a.name} ({a.api}): {a.prompt!r} -> {a.received!r} [{'ok' if a.ok else 'WRONG'}]")
+    probed = survive_clients(server, check, answers)
     bench: Benchmark | None = None
     if not all(a.ok for a in answers):
         pass  # a wrong answer: nothing worth timing
@@ -259,10 +314,35 @@ def run_check(server: Server, check: Check, *, image: str, model: str, startup: 
         benchmark=bench,
         vllm_version=version,
         kernels=kernels,
+        probes=probed,
     )
     result_file.parent.mkdir(parents=True, exist_ok=True)
     result_file.write_text(json.dumps(result.to_json(), indent=2) + "\n")
     return result
+
+
+def survive_clients(server: Server, check: Check, answers: tuple[Answer, ...]) -> tuple[str, ...]:
+    """The client probes (logprobs, streams, n, stop, invalid requests), then the first prompt again:
+    the server must still give the answer it gave before them."""
+    done = probes.run(server.url, probes.plan(check.prompts, server.model, max_model_len(server.url)))
+    if check.prompts:
+        again = ask(server.url, check.prompts[0], server.model)
+        if again.received != answers[0].received:
+            raise VerifyError(
+                f"{again.name}: after the client probes the server answers {again.received!r}, "
+                f"before them {answers[0].received!r}"
+            )
+    return done
+
+
+def max_model_len(url: str) -> int:
+    """The served context length (GET /v1/models)."""
+    try:
+        response = requests.get(f"{url}/v1/models", timeout=10)
+        response.raise_for_status()
+        return int(response.json()["data"][0]["max_model_len"])
+    except (requests.RequestException, KeyError, IndexError, ValueError, TypeError) as exc:
+        raise VerifyError(f"GET {url}/v1/models gave no max_model_len ({exc}): is it a vLLM server?") from None
 
 
 def _gate(server: Server, check: Check, version: str, log_file: Path) -> tuple[kernelpath.Chosen, ...]:
@@ -295,9 +375,11 @@ def require(result: VerifyResult, result_file: Path) -> VerifyResult:
         problems.insert(0, f"{result.image} gave {len(problems)} wrong answer(s) of {len(result.answers)}:")
     gate = kernelpath.failures(result.kernels, result.vllm_version)
     if gate:
-        problems += [f"{result.image}: kernel-path gate failed:", *gate, f"  the server's log: {result_file.parent / SERVER_LOG}"]
+        problems += [f"{result.image}: kernel-path gate failed:", *gate]
     if problems:
-        raise VerifyError("\n".join([*problems, f"result: {result_file}"]))
+        raise VerifyError(
+            "\n".join([*problems, f"result: {result_file}", f"the server's log: {result_file.parent / SERVER_LOG}"])
+        )
     return result
 
 
@@ -311,14 +393,30 @@ def server_version(url: str) -> str:
         raise VerifyError(f"GET {url}/version failed ({exc}): is it a vLLM server?") from None
 
 
+# vLLM's words when its engine failed to start. The API server process does not always exit after
+# them (seen with vLLM 0.32's CPU image: it hung until the startup timeout, 15 minutes), so verify
+# stops waiting at the first of these lines rather than at the timeout.
+ENGINE_DEAD = (
+    "Engine core initialization failed",
+    "EngineCore failed to start",
+    "WorkerProc failed to start",
+)
+
+
 def wait_healthy(container: Container, url: str, timeout: int) -> float:
-    """Poll /health until it answers; fail at once, with the last log lines, if the server dies."""
+    """Poll /health until it answers; fail at once, with the last log lines, if the server dies or
+    its engine fails to start."""
     start = time.monotonic()
     while time.monotonic() - start < timeout:
         if not container.running():
             raise VerifyError(
                 f"the server exited (code {container.exit_code()}) before it was healthy; "
                 f"its last log lines:\n{container.logs(40)}"
+            )
+        dead = engine_dead(container.logs(tail=400))
+        if dead is not None:
+            raise VerifyError(
+                f"the server's engine failed to start ({dead!r}) before it was healthy; its last log lines:\n{container.logs(40)}"
             )
         try:
             if requests.get(f"{url}/health", timeout=2).status_code == 200:
@@ -327,6 +425,11 @@ def wait_healthy(container: Container, url: str, timeout: int) -> float:
             pass  # not listening yet
         time.sleep(1)
     raise VerifyError(f"the server was not healthy after {timeout}s; its last log lines:\n{container.logs(40)}")
+
+
+def engine_dead(text: str) -> str | None:
+    """The log line that says vLLM's engine failed to start, if any."""
+    return next((line.strip() for line in text.splitlines() if any(words in line for words in ENGINE_DEAD)), None)
 
 
 def _body(prompt: Prompt, max_tokens: int, model: str = MODEL_NAME) -> tuple[str, dict[str, Any]]:
@@ -338,12 +441,17 @@ def _body(prompt: Prompt, max_tokens: int, model: str = MODEL_NAME) -> tuple[str
 
 def ask(url: str, prompt: Prompt, model: str = MODEL_NAME) -> Answer:
     path, body = _body(prompt, prompt.max_tokens, model)
+    status: int | None = None
+    text = ""
     try:
         response = requests.post(url + path, json=body, timeout=120)
+        status, text = response.status_code, response.text
         response.raise_for_status()
         choice = response.json()["choices"][0]
     except (requests.RequestException, KeyError, IndexError, ValueError) as exc:
-        raise VerifyError(f"{prompt.name}: POST {path} failed: {exc}") from None
+        raise probes.request_failed(
+            f"{prompt.name}: POST {path} failed: {exc}", name=prompt.name, path=path, body=body, status=status, response=text
+        ) from None
     text = choice["message"]["content"] if prompt.api == "chat" else choice["text"]
     return Answer(
         name=prompt.name, api=prompt.api, prompt=prompt.prompt, expected=prompt.expect, received=text or "", match=prompt.match

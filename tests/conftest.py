@@ -15,7 +15,7 @@ import pytest
 import requests
 import yaml
 
-from builder import base_image, gitrepo, host, matrix, options
+from builder import base_image, build, gitrepo, host, matrix, options, plan
 from builder.engine import Engine
 from builder.registry import Registry, embedded
 
@@ -146,6 +146,37 @@ def base(engine: Engine, cache: Path) -> str:
     """The shipped matrix's base image, made with debootstrap (cached by content in the engine)."""
     target = matrix.load(ROOT / "matrix.yaml").targets[0]
     return base_image.ensure(engine, target.base, target.platform, cache / "rootfs")
+
+
+@pytest.fixture(scope="session")
+def local_image(engine: Engine, base: str, cache: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The shipped matrix's local target, built (or found by content) as the nightly builds it."""
+    out = tmp_path_factory.mktemp("local-image")
+    shipped = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    shipped["targets"] = [t for t in shipped["targets"] if t.get("profile") == "local"]
+    shipped.pop("rehearsal", None)
+    (out / "matrix.yaml").write_text(yaml.safe_dump(shipped, sort_keys=False))
+    (out / "patches").symlink_to(ROOT / "patches")
+    opts = options.Options.from_env(matrix=out / "matrix.yaml", cache=cache, out=out)
+    (p,) = plan.make(opts)
+    return build.build(engine, p, opts).image
+
+
+def derived_image(engine: Engine, image: str, tag: str, steps: str, folder: Path) -> str:
+    """An image one layer away from ``image`` (``steps``: Dockerfile lines after its FROM), built
+    for real: an input broken on purpose in one known way."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "Dockerfile").write_text(f"FROM {image}\n{steps}\n")
+    engine.build(
+        context=folder,
+        tag=tag,
+        platform=LOCAL_PLATFORM,
+        labels={},
+        build_args={},
+        secrets={},
+        log_file=folder / "build.log",
+    )
+    return tag
 
 
 @pytest.fixture

@@ -197,16 +197,27 @@ def test_a_target_with_several_checks_shows_each_and_fails_naming_each_that_fail
         checks=("alphabet", "moe-alphabet", "moe-fp8"),
         results={"alphabet": run.result, "moe-alphabet": moe},
         failures={"moe-fp8": ToolMissingError("moe-fp8: cannot make the model")},
+        folders={"moe-fp8": Path("out/t/checks/moe-fp8")},
     )
     row = run.row()
     assert row["verify"] == (
         "alphabet: 1/1 answers, decode c=1: TTFT 14 ms, 241 tok/s; moe-alphabet: 1/1 answers, moe CPU; moe-fp8: FAILED"
     )
+    # A failed check names the server log to read (its folder keeps it, pass or fail).
     assert row["checks"] == [
-        {"check": "alphabet", "ok": True, "error": None},
-        {"check": "moe-alphabet", "ok": True, "error": None},
-        {"check": "moe-fp8", "ok": False, "error": "moe-fp8: cannot make the model"},
+        {"check": "alphabet", "ok": True, "skipped": None, "error": None, "log": None},
+        {"check": "moe-alphabet", "ok": True, "skipped": None, "error": None, "log": None},
+        {
+            "check": "moe-fp8",
+            "ok": False,
+            "skipped": None,
+            "error": "moe-fp8: cannot make the model",
+            "log": str(Path("out/t/checks/moe-fp8/server.log")),
+        },
     ]
+    assert "check moe-fp8 FAILED: moe-fp8: cannot make the model (log: out/t/checks/moe-fp8/server.log)" in (
+        pipeline.summary_table([run])
+    )
     # One failure is raised as it was (its exit code); several in one message, of the first one's kind.
     with pytest.raises(ToolMissingError, match="cannot make the model"):
         run.verified.require()
