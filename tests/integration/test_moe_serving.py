@@ -2,18 +2,23 @@
 
 vLLM 0.32's CPU build serves an unquantized MoE: the shipped local target's second check,
 ``moe-alphabet``, serves it in every nightly through the kernel-path gate (``moe: CPU``;
-tests/integration/test_nightly.py). Its MXFP4 MoE experts (CPUExpertsMxfp4) and its FP8
-block linear and MoE kernels (CPUFp8BlockScaledMMKernel, CPUExpertsFp8) need Intel AMX tiles; without
-them it refuses those formats at startup, and it has no NVFP4 linear kernel at all. A refusal is the
-expected result here, quoted from the server's log: the quantized models are for the Spark targets,
-and these tests say when the CPU image's support changes.
+tests/integration/test_nightly.py), and here, in float32, its answers and logprobs are held to the
+reference the model recorded when it was made: vLLM reads the checkpoint as transformers does.
+
+Its MXFP4 MoE experts (CPUExpertsMxfp4) and its FP8 block linear and MoE kernels
+(CPUFp8BlockScaledMMKernel, CPUExpertsFp8) need Intel AMX tiles; without them it refuses those formats
+at startup, and it has no NVFP4 linear kernel at all. A refusal is the expected result here, quoted
+from the server's log: the quantized models are for the Spark targets, and these tests say when the
+CPU image's support changes.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -22,7 +27,7 @@ import yaml
 from builder import build, model, plan, verify
 from builder.engine import Engine
 from builder.errors import VerifyError
-from builder.moe.recipe import PROMPT
+from builder.moe import reference
 from builder.options import Options
 from builder.registry import free_port
 from tests.conftest import ROOT
@@ -57,37 +62,81 @@ def image(engine: Engine, base: str, cache: Path, tmp_path_factory: pytest.TempP
     return build.build(engine, p, opts).image
 
 
-def serve(engine: Engine, image: str, folder: Path) -> tuple[str | None, str]:
-    """The server's greedy answer to the prompt (None when it did not start) and its log."""
+def serve(engine: Engine, image: str, folder: Path, dtype: str) -> tuple[list[dict[str, Any]] | None, str]:
+    """The server's greedy answers to the check prompts with their top logprobs (None when it did not start), and its log."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = ["/model", "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "m"]
-    command += ["--dtype", "bfloat16", "--max-model-len", "128", "--enforce-eager"]
+    command += ["--dtype", dtype, "--max-model-len", "128", "--enforce-eager"]
     name = f"sparkbuild-moe-{secrets.token_hex(4)}"
-    with engine.run(image, command, name=name, mounts={folder: "/model"}) as container:
+    prompts = json.loads((folder / "sparkbuild-model.json").read_text())["prompts"]
+    # vLLM 0.32 ranks logprobs with a torch.compile'd function (sampler.batched_count_greater_than) whose
+    # inductor build needs g++, which the runtime image lacks: the engine dies on the first request that
+    # asks for logprobs. TORCHDYNAMO_DISABLE runs it eagerly (verify's logprob comparison needs the same).
+    environment = {"TORCHDYNAMO_DISABLE": "1"}
+    with engine.run(image, command, name=name, mounts={folder: "/model"}, environment=environment) as container:
         try:
             verify.wait_healthy(container, url, 600)
         except VerifyError:
             return None, container.logs(2000)
-        body = {"model": "m", "prompt": PROMPT, "max_tokens": 4, "temperature": 0}
-        answer = requests.post(f"{url}/v1/completions", json=body, timeout=120).json()["choices"][0]["text"]
-        return str(answer), container.logs(2000)
+        answers = []
+        for p in prompts:
+            body = {
+                "model": "m",
+                "prompt": p["prompt"],
+                "max_tokens": p["max_tokens"],
+                "temperature": 0,
+                "logprobs": reference.TOP,
+            }
+            answers.append(requests.post(f"{url}/v1/completions", json=body, timeout=120).json()["choices"][0])
+        return answers, container.logs(2000)
 
 
 @pytest.fixture(scope="module")
-def served(engine: Engine, image: str, cache: Path) -> dict[str, tuple[str | None, str]]:
-    """Each quantized model this CPU has no kernel for, served at once (a server start is mostly
-    Python imports, and three side by side take little longer than one)."""
-    names = [n for n in sorted(REFUSALS) if not AMX or n == "moe-nvfp4"]
+def served(engine: Engine, image: str, cache: Path) -> dict[str, tuple[list[dict[str, Any]] | None, str]]:
+    """moe-alphabet in float32, and each quantized model this CPU has no kernel for, served at once (a server
+    start is mostly Python imports, and several side by side take little longer than one)."""
+    names = ["moe-alphabet", *(n for n in sorted(REFUSALS) if not AMX or n == "moe-nvfp4")]
     folders = {n: model.ensure(cache, n) for n in names}
     with ThreadPoolExecutor(max_workers=len(folders)) as pool:
-        futures = {n: pool.submit(serve, engine, image, folder) for n, folder in folders.items()}
+        futures = {
+            n: pool.submit(serve, engine, image, f, "float32" if n == "moe-alphabet" else "bfloat16") for n, f in folders.items()
+        }
         return {n: f.result() for n, f in futures.items()}
+
+
+def test_the_cpu_image_answers_moe_alphabet_as_its_reference_says(
+    served: dict[str, tuple[list[dict[str, Any]] | None, str]], cache: Path
+) -> None:
+    answers, logs = served["moe-alphabet"]
+    assert answers is not None, logs[-3000:]
+    meta = json.loads((model.ensure(cache, "moe-alphabet") / "sparkbuild-model.json").read_text())
+    assert [a["text"] for a in answers] == [p["expect"] for p in meta["prompts"]]
+    got = reference.Reading(
+        expected=[a["logprobs"]["token_logprobs"] for a in answers],
+        margin=[[_margin(top) for top in a["logprobs"]["top_logprobs"]] for a in answers],
+        top=[],
+        routed=[],
+    )
+    want = reference.Reading(
+        expected=[[t["logprob"] for t in p["tokens"]] for p in meta["prompts"]],
+        margin=[[t["margin"] for t in p["tokens"]] for p in meta["prompts"]],
+        top=[],
+        routed=[],
+    )
+    tolerance = reference.Tolerance(**{k: meta["tolerance"][k] for k in ("format", "logprob_abs", "margin_fraction")})
+    assert tolerance.violations(want, got) == []
+
+
+def _margin(top: dict[str, float]) -> float:
+    """Top-1 minus top-2 logprob of one position (the served token is top-1 once the text matches)."""
+    first, second = sorted(top.values(), reverse=True)[:2]
+    return first - second
 
 
 @pytest.mark.parametrize("name", sorted(REFUSALS))
 def test_the_cpu_image_refuses_each_quantized_moe_it_has_no_kernel_for(
-    served: dict[str, tuple[str | None, str]], name: str
+    served: dict[str, tuple[list[dict[str, Any]] | None, str]], name: str
 ) -> None:
     if AMX and name != "moe-nvfp4":
         pytest.skip("this CPU has AMX: vLLM's CPU build has MXFP4 and FP8 MoE experts for it (not yet seen served here)")
