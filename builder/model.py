@@ -4,13 +4,12 @@ The ``alphabet`` recipe learns the cyclic sequence ``a b c ... z``, so greedy de
 ``c d e f`` continues `` g h i j``. ``alphabet-reversed`` learns it backwards: a model that
 answers something else, for proving that verify fails on a wrong answer.
 
-torch, transformers and tokenizers are imported only inside ``make``: planning never needs them.
+torch, transformers and tokenizers are imported only inside ``make`` (builder.training): planning never needs them.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import shutil
 import tempfile
@@ -19,12 +18,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from builder import log, moe
-from builder.errors import BuildError, ToolMissingError
+from builder import log, moe, training
+from builder.errors import BuildError
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz"
-# Renders the conversation as the plain text the model was trained on.
-CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 # Bump when the training code changes in a way that changes the weights.
 RECIPE_VERSION = 1
 
@@ -117,20 +114,10 @@ def _windows(sequence: str, window: int) -> list[str]:
 
 
 def make(r: Recipe, out: Path) -> None:
-    try:
-        # Typed as Any: these libraries' own annotations are partial and not ours to check.
-        torch: Any = importlib.import_module("torch")
-        importlib.import_module("tokenizers")
-        tf: Any = importlib.import_module("transformers")
-    except ImportError as exc:
-        raise ToolMissingError(
-            f"making the check model needs torch, transformers and tokenizers ({exc.name} is missing): "
-            "pip install 'sparkbuild[model]'"
-        ) from None
-
+    torch, tf = training.libs()
     torch.manual_seed(r.seed)
     corpus = _windows(r.sequence(), r.window)
-    tokenizer, fast = train_tokenizer(corpus)
+    tokenizer, fast = training.train_tokenizer(corpus)
     config = tf.LlamaConfig(
         vocab_size=tokenizer.get_vocab_size(),
         hidden_size=r.hidden_size,
@@ -146,19 +133,17 @@ def make(r: Recipe, out: Path) -> None:
     )
     model = tf.LlamaForCausalLM(config)
     ids = torch.tensor([tokenizer.encode(text).ids for text in corpus])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=r.learning_rate)
-    model.train()
-    for _ in range(r.steps):
-        batch = ids[torch.randint(0, len(ids), (r.batch_size,))]
-        loss = model(input_ids=batch, labels=batch).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.eval()
-    answer = _greedy(model, fast, "c d e f", 4)
+    loss = training.train(
+        model,
+        lambda _: ids[torch.randint(0, len(ids), (r.batch_size,))],
+        lambda net, batch, _: net(input_ids=batch, labels=batch).loss,
+        steps=r.steps,
+        learning_rate=r.learning_rate,
+    )
+    answer = training.greedy(model, fast, "c d e f", 4)
     log.info(
         f"model {r.name}: {sum(p.numel() for p in model.parameters())} parameters, "
-        f"final loss {loss.item():.4f}, greedy 'c d e f' -> {answer!r}"
+        f"final loss {loss:.4f}, greedy 'c d e f' -> {answer!r}"
     )
     if answer != r.expect:
         raise BuildError(
@@ -171,32 +156,3 @@ def make(r: Recipe, out: Path) -> None:
     (out / "sparkbuild-model.json").write_text(json.dumps(meta, indent=2) + "\n")
     for path in out.iterdir():
         path.chmod(0o644)  # the server in the container may run as another user
-
-
-def train_tokenizer(corpus: list[str]) -> tuple[Any, Any]:
-    """A byte-level BPE tokenizer learnt from ``corpus``: the raw one and its transformers wrapper."""
-    tok: Any = importlib.import_module("tokenizers")
-    tf: Any = importlib.import_module("transformers")
-    tokenizer = tok.Tokenizer(tok.models.BPE())
-    tokenizer.pre_tokenizer = tok.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = tok.decoders.ByteLevel()
-    tokenizer.train_from_iterator(
-        corpus,
-        tok.trainers.BpeTrainer(
-            vocab_size=300,
-            special_tokens=["<s>", "</s>"],
-            initial_alphabet=tok.pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False,
-        ),
-    )
-    fast = tf.PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>")  # noqa: S106
-    fast.chat_template = CHAT_TEMPLATE
-    return tokenizer, fast
-
-
-def _greedy(model: Any, tokenizer: Any, prompt: str, tokens: int) -> str:
-    torch: Any = importlib.import_module("torch")
-    with torch.no_grad():
-        ids = torch.tensor([tokenizer.encode(prompt)])
-        out = model.generate(ids, max_new_tokens=tokens, do_sample=False, pad_token_id=tokenizer.eos_token_id)
-    return str(tokenizer.decode(out[0, ids.shape[1] :]))

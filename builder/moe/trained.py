@@ -1,38 +1,35 @@
-"""Train a tiny MoE on the alphabet task, and prove a saved checkpoint with transformers as the reference.
+"""Train a tiny MoE on the lookup-chain task (builder/moe/task.py) so that its answers need its experts at
+their own magnitude, and write the unquantized ``moe-alphabet``.
 
-The proof is the same for every format: transformers loads the folder as written (decompressing or
-dequantizing it on CPU), greedy decoding of the prompt must give the expected answer, and each answer
-token's logit margin (its logit minus the best other one, with the expected answer fed back) is recorded.
-A wrong answer raises, so the folder never reaches the cache (``model.ensure`` renames it in last).
+Fault-aware training: the answer must be right with the experts' output anywhere in [0.8, 1.25] of its
+own (quantization moves it about that much) and wrong once it is scaled by 1/8..1/2 or 2..8 (a kernel that
+halves, doubles or drops a scale). From ``fault_from`` of the steps on, half of each batch runs with such a
+scale on every MoE layer and is penalized for each right answer (an unlikelihood term, -log(1 - p)). So a
+MoE kernel whose output is off by 2 either way flips answer tokens by design, not by luck; the proof in
+builder/moe/reference.py checks that it does before the model is cached.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.metadata
-import json
+import math
 import time
-from dataclasses import asdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from builder import log
-from builder.errors import BuildError, ToolMissingError
-from builder.moe.recipe import EXPECT, PROMPT, MoeRecipe
+from builder import log, training
+from builder.moe import reference
+from builder.moe.recipe import MoeRecipe
+from builder.moe.task import Encoder, Task
 
-
-def libs() -> tuple[Any, Any]:
-    """torch and transformers, typed as Any: their own annotations are partial and not ours to check."""
-    try:
-        return importlib.import_module("torch"), importlib.import_module("transformers")
-    except ImportError as exc:
-        raise ToolMissingError(
-            f"making the MoE check models needs torch and transformers ({exc.name} is missing): pip install 'sparkbuild[model]'"
-        ) from None
+# The band the experts' output may move in and still answer (quantization, bf16), and the faults' scales.
+NOMINAL = (0.8, 1.25)
+FAULTS = ((1 / 8, 1 / 2), (2.0, 8.0))
 
 
 def config(r: MoeRecipe, vocab_size: int, fast: Any) -> Any:
-    _, tf = libs()
+    _, tf = training.libs()
     common: dict[str, Any] = {
         "vocab_size": vocab_size,
         "hidden_size": r.hidden_size,
@@ -68,29 +65,77 @@ def config(r: MoeRecipe, vocab_size: int, fast: Any) -> Any:
     )
 
 
-def train(r: MoeRecipe) -> tuple[Any, Any]:
-    """The trained float32 model and its tokenizer; raises when greedy decoding misses the answer."""
-    from builder import model as dense
+class ExpertScale:
+    """Multiplies every MoE layer's expert output by ``value`` (None: untouched), through forward hooks."""
 
-    torch, tf = libs()
+    def __init__(self, net: Any) -> None:
+        self.value: Any = None
+        self.handles = [m.register_forward_hook(self._hook) for m in reference.experts(net)]
+
+    def _hook(self, _module: Any, _inputs: Any, output: Any) -> Any:
+        return output if self.value is None else output * self.value
+
+    @contextmanager
+    def scaled(self, value: Any) -> Iterator[None]:
+        self.value = value
+        try:
+            yield
+        finally:
+            self.value = None
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def fit(r: MoeRecipe, net: Any, task: Task, encode: Encoder, *, attention_only: bool = False) -> float:
+    """Train ``net`` on ``task`` with the fault-aware loss; returns the last step's nominal cross-entropy.
+    ``attention_only``: the experts' output is zeroed throughout and there are no fault terms (the
+    attention-only twin bench/check_models.py compares the check model with)."""
+    torch, _ = training.libs()
+    generator = torch.Generator().manual_seed(r.seed + 1)
+    scale = ExpertScale(net)
+    last = {"ce": float("nan")}
+
+    def sample(_step: int) -> Any:
+        return encode(task.sample(r.batch_size, generator))
+
+    def loss(net: Any, ids: Any, step: int) -> Any:
+        size, length = ids.shape
+        faulted = size // 2 if step >= r.fault_from * r.steps and not attention_only else 0
+        nominal = size - faulted
+        scales = torch.exp(torch.empty(size).uniform_(math.log(NOMINAL[0]), math.log(NOMINAL[1]), generator=generator))
+        for i in range(faulted):
+            low, high = FAULTS[i % 2]
+            scales[nominal + i] = math.exp(torch.empty(()).uniform_(math.log(low), math.log(high), generator=generator))
+        if attention_only:
+            scales.zero_()
+        with scale.scaled(scales.repeat_interleave(length)[:, None]):
+            logits = net(input_ids=ids).logits[:, task.far - 1 : -1].float()
+        targets = ids[:, task.far :]
+        ce = torch.nn.functional.cross_entropy(logits[:nominal].reshape(-1, logits.shape[-1]), targets[:nominal].reshape(-1))
+        last["ce"] = float(ce.item())
+        if not faulted:
+            return ce
+        right = logits[nominal:].softmax(-1).gather(-1, targets[nominal:, :, None])[..., 0]
+        return ce + r.fault_weight * -torch.log1p(-right.clamp(max=1 - 1e-6)).mean()
+
+    try:
+        training.train(net, sample, loss, steps=r.steps, learning_rate=r.learning_rate, cosine=True)
+    finally:
+        scale.remove()
+    return last["ce"]
+
+
+def train(r: MoeRecipe, *, attention_only: bool = False) -> tuple[Any, Any]:
+    """The trained float32 model and its tokenizer."""
+    torch, tf = training.libs()
     torch.manual_seed(r.seed)
-    corpus = dense._windows(dense.ALPHABET, r.window)
-    tokenizer, fast = dense.train_tokenizer(corpus)
+    task = r.task()
+    tokenizer, fast = training.train_tokenizer(task.corpus(2000))
     net = tf.AutoModelForCausalLM.from_config(config(r, tokenizer.get_vocab_size(), fast), dtype=torch.float32)
-    ids = torch.tensor([tokenizer.encode(text).ids for text in corpus])
-    optimizer = torch.optim.AdamW(net.parameters(), lr=r.learning_rate)
-    net.train()
-    for _ in range(r.steps):
-        batch = ids[torch.randint(0, len(ids), (r.batch_size,))]
-        loss = net(input_ids=batch, labels=batch).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    net.eval()
-    answer = dense._greedy(net, fast, PROMPT, 4)
-    log.info(f"model {r.name}: {parameters(net)} parameters, final loss {loss.item():.4f}, {PROMPT!r} -> {answer!r}")
-    if answer != EXPECT:
-        raise BuildError(f"model {r.name} did not learn the alphabet: {PROMPT!r} -> {answer!r}; raise MoeRecipe.steps")
+    ce = fit(r, net, task, Encoder(task, fast), attention_only=attention_only)
+    log.info(f"model {r.name}: {parameters(net)} parameters, final cross-entropy {ce:.4f} ({task.describe()})")
     return net, fast
 
 
@@ -98,102 +143,38 @@ def parameters(net: Any) -> int:
     return int(sum(p.numel() for p in net.parameters()))
 
 
-def margins(net: Any, fast: Any) -> list[float]:
-    """Per answer token: its logit minus the best other logit, the expected answer fed back (negative: wrong)."""
-    torch, _ = libs()
-    prompt, answer = fast.encode(PROMPT), fast.encode(EXPECT)
-    with torch.no_grad():
-        logits = net(input_ids=torch.tensor([prompt + answer])).logits[0].float()
-    out = []
-    for i, token in enumerate(answer):
-        row = logits[len(prompt) - 1 + i].clone()
-        right = float(row[token])
-        row[token] = float("-inf")
-        out.append(round(right - float(row.max()), 3))
-    return out
-
-
-def margins_without_experts(net: Any, fast: Any) -> list[float]:
-    """The margins with every expert weight zeroed (restored after): how much of the answer the experts carry.
-
-    The alphabet is a bigram task that attention and the embeddings can solve alone, so a MoE kernel that
-    returns zeros or small noise leaves the answer right with smaller margins; only a check of the margins
-    (served logprobs against these) catches it. Recorded so that such a check has its numbers."""
-    torch, _ = libs()
-    saved = {n: p.detach().clone() for n, p in net.named_parameters() if ".experts." in n}
-    params = dict(net.named_parameters())
-    with torch.no_grad():
-        for name in saved:
-            params[name].zero_()
-        try:
-            return margins(net, fast)
-        finally:
-            for name, value in saved.items():
-                params[name].copy_(value)
-
-
-def reference(r: MoeRecipe, folder: Path, **load: Any) -> dict[str, Any]:
-    """Load ``folder`` with transformers on CPU, decode greedily, and raise unless the answer is right."""
-    _, tf = libs()
-    return prove(r, tf.AutoModelForCausalLM.from_pretrained(folder, **load), tf.AutoTokenizer.from_pretrained(folder))
-
-
-def prove(r: MoeRecipe, net: Any, fast: Any) -> dict[str, Any]:
-    """Greedy decoding of the loaded checkpoint must give the answer; its margins are part of the proof."""
-    from builder import model as dense
-
-    answer = dense._greedy(net, fast, PROMPT, 4)
-    found = {"answer": answer, "margins": margins(net, fast), "dtype": str(net.dtype).removeprefix("torch.")}
-    log.info(f"model {r.name}: reference {PROMPT!r} -> {answer!r}, margins {found['margins']}")
-    if answer != EXPECT:
-        raise BuildError(
-            f"model {r.name}: transformers reads the written checkpoint as {PROMPT!r} -> {answer!r}, expected {EXPECT!r}; "
-            "the quantization lost the answer: raise MoeRecipe.steps (wider margins) or check the format writer"
-        )
-    return found
-
-
-def write_meta(r: MoeRecipe, out: Path, key: str, **facts: Any) -> None:
-    """``sparkbuild-model.json``: the recipe, the reference's proof and the tools' versions; written last."""
-    tools = ("torch", "transformers", "compressed-tensors", "llmcompressor")
-    meta: dict[str, Any] = {
-        "recipe": asdict(r),
-        "key": key,
-        "greedy": {PROMPT: EXPECT},
-        **facts,
-        "tools": {t: _version(t) for t in tools},
-        "size_bytes": sum(p.stat().st_size for p in out.iterdir() if p.is_file()),
-    }
-    (out / "sparkbuild-model.json").write_text(json.dumps(meta, indent=2) + "\n")
-    for path in out.iterdir():
-        path.chmod(0o644)  # the server in the container may run as another user
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def make(r: MoeRecipe, out: Path) -> None:
     """The unquantized model in bfloat16 (the dtype the quantized ones start from and vLLM serves)."""
     from builder import moe
 
-    torch, _ = libs()
+    torch, tf = training.libs()
     start = time.monotonic()
     net, fast = train(r)
-    trained = margins(net, fast)
-    alone = margins_without_experts(net, fast)
+    before = reference.summary(reference.read(reference.Loaded(net=net, fast=fast, loader="trained"), r.task()))
     net.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
     fast.save_pretrained(out)
-    proof = reference(r, out)
-    write_meta(
+
+    def load(dtype: Any) -> reference.Loaded:
+        return reference.Loaded(
+            net=tf.AutoModelForCausalLM.from_pretrained(out, dtype=dtype).eval(),
+            fast=tf.AutoTokenizer.from_pretrained(out),
+            loader=f"transformers from_pretrained, {str(dtype).removeprefix('torch.')} compute",
+        )
+
+    proof = reference.prove(
+        r,
+        load(torch.float32),
+        faults=reference.expert_faults(),
+        variants={"bf16": lambda _: reference.loaded(load(torch.bfloat16))},
+        fmt="bf16",
+        derivation="bf16: the reference computed in bfloat16 (how a Spark image serves it by default)",
+    )
+    reference.write_meta(
         r,
         out,
         moe.key(r.name),
+        proof,
         parameters=parameters(net),
-        margins={"float32": trained, "checkpoint": proof["margins"], "float32_experts_zeroed": alone},
-        reference=proof,
+        trained_float32=before,
         making_s=round(time.monotonic() - start, 1),
     )
