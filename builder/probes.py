@@ -174,13 +174,13 @@ def send(url: str, probe: Probe) -> Any:
     status: int | None = None
     text = ""
     try:
-        response = requests.post(url + probe.path, json=probe.body, timeout=TIMEOUT_S, stream=probe.stream)
-        status = response.status_code
-        if probe.stream and status == 200:
-            events, text = _events(response)
-        else:
-            text = response.text
-            events = None
+        with requests.post(url + probe.path, json=probe.body, timeout=TIMEOUT_S, stream=probe.stream) as response:
+            status = response.status_code
+            if probe.stream and status == 200:
+                events, text = _events(response)
+            else:
+                text = response.text
+                events = None
     except requests.RequestException as exc:
         raise _failed(probe, status, text or f"{type(exc).__name__}: {exc}", "no answer") from None
     except ValueError as exc:
@@ -203,7 +203,9 @@ def _events(response: requests.Response) -> tuple[list[Any], str]:
     """The JSON events of a server-sent stream, up to ``data: [DONE]`` (required)."""
     events: list[Any] = []
     lines: list[str] = []
-    for raw in response.iter_lines(decode_unicode=True):
+    for chunk in response.iter_lines():
+        # Bytes, whatever charset the server names (or none): SSE is UTF-8 by its specification.
+        raw = chunk.decode("utf-8", errors="replace")
         lines.append(raw)
         if not raw or not raw.startswith("data: "):
             continue
