@@ -30,7 +30,7 @@ class Replay(ThreadingHTTPServer):
 class Handler(BaseHTTPRequestHandler):
     server: Replay
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         status, body = self.server.answer
         data = body.encode()
