@@ -452,6 +452,9 @@ def verified_cell(verified: verify.Verified) -> str:
 
 def _answers(result: verify.VerifyResult) -> str:
     text = f"{sum(a.ok for a in result.answers)}/{len(result.answers)} answers"
+    if result.numbers:
+        moved = sum(len(n.violations) for n in result.numbers)
+        text += ", logprobs as recorded" if not moved else f", logprobs MOVED at {moved} position(s)"
     if result.kernels:
         text += f", {kernelpath.text(result.kernels)}"
     return text

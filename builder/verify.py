@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import requests
 
-from builder import checkmodel, host, jitcache, kernelpath, log, probes, runnable, speed
+from builder import checkmodel, host, jitcache, kernelpath, log, numerics, probes, runnable, speed
 from builder.benchmark import Benchmark
 from builder.engine import Container, Engine
 from builder.errors import FatalError, VerifyError
@@ -66,10 +66,13 @@ class VerifyResult:
     kernels: tuple[kernelpath.Chosen, ...] = field(default=())
     # The client probes the server answered as it should (builder/probes.py).
     probes: tuple[str, ...] = field(default=())
+    # The answers' logprobs against the model's recorded reference, one by one and batched
+    # (builder/numerics.py); empty where the model recorded none.
+    numbers: tuple[numerics.Comparison, ...] = field(default=())
 
     @property
     def ok(self) -> bool:
-        return all(a.ok for a in self.answers) and all(k.ok for k in self.kernels)
+        return all(a.ok for a in self.answers) and all(k.ok for k in self.kernels) and all(n.ok for n in self.numbers)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -78,6 +81,7 @@ class VerifyResult:
         for answer, raw in zip(self.answers, data["answers"], strict=True):
             raw["ok"] = answer.ok
         data["kernels"] = [k.to_json() for k in self.kernels]
+        data["numbers"] = [n.to_json() for n in self.numbers]
         return data
 
 
@@ -121,6 +125,7 @@ def serve_check(
                 if bench
                 else None,
                 no_benchmark="speed is measured on the target's first check",
+                reference=numerics.load(model),
             )
             return run_check(server, check, image=image, model=str(model), startup=startup, result_file=result_file)
         except VerifyError as exc:
@@ -285,6 +290,8 @@ class Server:
     benchmark: Callable[[], Benchmark] | None = None
     # Why there is no benchmark, for the log.
     no_benchmark: str = "no image to run vllm bench serve from"
+    # The logprobs the model's maker recorded, to hold the answers' numbers to (None: none recorded).
+    reference: numerics.Reference | None = None
 
 
 def run_check(server: Server, check: Check, *, image: str, model: str, startup: float, result_file: Path) -> VerifyResult:
@@ -295,9 +302,10 @@ def run_check(server: Server, check: Check, *, image: str, model: str, startup: 
     for a in answers:
         log.info(f"  {a.name} ({a.api}): {a.prompt!r} -> {a.received!r} [{'ok' if a.ok else 'WRONG'}]")
     probed = survive_clients(server, check, answers)
+    numbers = held_to_reference(server, check) if all(a.ok for a in answers) else ()
     bench: Benchmark | None = None
-    if not all(a.ok for a in answers):
-        pass  # a wrong answer: nothing worth timing
+    if not all(a.ok for a in answers) or not all(n.ok for n in numbers):
+        pass  # a wrong answer, or right ones on wrong numbers: nothing worth timing
     elif server.benchmark is None:
         log.info(f"  speed not measured: {server.no_benchmark}")
     else:
@@ -315,10 +323,21 @@ def run_check(server: Server, check: Check, *, image: str, model: str, startup: 
         vllm_version=version,
         kernels=kernels,
         probes=probed,
+        numbers=numbers,
     )
     result_file.parent.mkdir(parents=True, exist_ok=True)
     result_file.write_text(json.dumps(result.to_json(), indent=2) + "\n")
     return result
+
+
+def held_to_reference(server: Server, check: Check) -> tuple[numerics.Comparison, ...]:
+    """The answers' logprobs against the reference the model recorded (where it recorded one)."""
+    if server.reference is None:
+        return ()
+    found = numerics.compare(server.url, server.model, server.reference, check.name)
+    for c in found:
+        log.info(f"  logprobs against the reference ({server.reference.format}), {c.text()}: {'ok' if c.ok else 'MOVED'}")
+    return found
 
 
 def survive_clients(server: Server, check: Check, answers: tuple[Answer, ...]) -> tuple[str, ...]:
@@ -373,6 +392,9 @@ def require(result: VerifyResult, result_file: Path) -> VerifyResult:
     ]
     if problems:
         problems.insert(0, f"{result.image} gave {len(problems)} wrong answer(s) of {len(result.answers)}:")
+    moved = numerics.problems(result.numbers)
+    if moved:
+        problems += [f"{result.image}: the answers' logprobs moved beyond the tolerance recorded with the model:", *moved]
     gate = kernelpath.failures(result.kernels, result.vllm_version)
     if gate:
         problems += [f"{result.image}: kernel-path gate failed:", *gate]

@@ -162,10 +162,12 @@ def local_image(engine: Engine, base: str, cache: Path, tmp_path_factory: pytest
     return build.build(engine, p, opts).image
 
 
-def derived_image(engine: Engine, image: str, tag: str, steps: str, folder: Path) -> str:
-    """An image one layer away from ``image`` (``steps``: Dockerfile lines after its FROM), built
-    for real: an input broken on purpose in one known way."""
+def derived_image(engine: Engine, image: str, tag: str, steps: str, folder: Path, files: dict[str, str] | None = None) -> str:
+    """An image one layer away from ``image`` (``steps``: Dockerfile lines after its FROM; ``files``:
+    written into the build context), built for real: an input broken on purpose in one known way."""
     folder.mkdir(parents=True, exist_ok=True)
+    for name, text in (files or {}).items():
+        (folder / name).write_text(text)
     (folder / "Dockerfile").write_text(f"FROM {image}\n{steps}\n")
     engine.build(
         context=folder,

@@ -143,9 +143,7 @@ NEEDED_END = "<!-- end of patch needed table -->"
     metavar="X.Y",
     help=f"Judge need for a build with this CUDA version (repeatable; default: {', '.join(need.SPARK_CUDA)}).",
 )
-@click.option(
-    "--arch-list", default=need.SPARK_ARCH_LIST, show_default=True, help="TORCH_CUDA_ARCH_LIST the need is judged for."
-)
+@click.option("--arch-list", default=need.SPARK_ARCH_LIST, show_default=True, help="TORCH_CUDA_ARCH_LIST the need is judged for.")
 @click.option(
     "--update-readme",
     type=click.Path(path_type=Path, dir_okay=False),

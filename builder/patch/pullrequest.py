@@ -229,4 +229,3 @@ def materialized(folder: Path, pr: PullRequest) -> list[tuple[str, bytes]]:
     fetched files, under ``fetched/``."""
     where = data(folder, pr)
     return [(f"{FETCHED}/{p.relative_to(where).as_posix()}", p.read_bytes()) for p in sorted(where.rglob("*")) if p.is_file()]
-

@@ -178,9 +178,7 @@ def _worker_row(job: Job) -> Row:
 def _row(patches: tuple[meta.Patch, ...], job: Job) -> Row:
     results = engine.check(job.tree, patches, job.version).results
     by_name = {p.name: p for p in patches}
-    needs = tuple(
-        tuple(need.judge(by_name[r.patch], r.status, r.detail, job.tree, b) for b in job.builds) for r in results
-    )
+    needs = tuple(tuple(need.judge(by_name[r.patch], r.status, r.detail, job.tree, b) for b in job.builds) for r in results)
     return Row(job.version, job.label, results, job.builds, needs if job.builds else ())
 
 

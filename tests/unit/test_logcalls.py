@@ -9,7 +9,7 @@ from pathlib import Path
 
 from builder import logcalls
 
-SOURCE = '''
+SOURCE = """
 import logging
 logger = init_logger(__name__)
 _logger = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ def select(selected_backend, backend, experts_cls, name):
     message = f"Using {name}"
     logger.info(message)  # a message in a variable: not read
     print("Using this is not a log")
-'''
+"""
 
 
 def read(tmp_path: Path) -> list[logcalls.Statement]:
