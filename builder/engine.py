@@ -8,7 +8,6 @@ goes through the SDK.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -533,7 +532,9 @@ class Engine:
         writable, kept after the container (what a server compiles once and reuses)."""
         volumes = {str(src): {"bind": dst, "mode": "ro"} for src, dst in mounts.items()}
         volumes.update({volume: {"bind": dst, "mode": "rw"} for volume, dst in caches.items()})
-        shown = ["docker", "run", "--detach", "--name", name, "--network", "host", "--shm-size", shm_size]
+        # --init: an init process reaps the server's children (inductor's compile workers), which else
+        # stay zombies when the server ends and keep Docker from removing the container.
+        shown = ["docker", "run", "--detach", "--init", "--name", name, "--network", "host", "--shm-size", shm_size]
         if gpus:
             shown += ["--gpus", "all", "--ipc", "host"]
         for src, dst in mounts.items():
@@ -554,6 +555,7 @@ class Engine:
                     list(command),
                     name=name,
                     detach=True,
+                    init=True,
                     network_mode="host",
                     shm_size=shm_size,
                     volumes=volumes,
@@ -569,7 +571,13 @@ class Engine:
             held.deliver()
             yield Container(sdk)
         finally:
-            self._remove(name)
+            pending = sys.exc_info()[1]
+            try:
+                self._remove(name)
+            except EngineError as exc:
+                if pending is None:
+                    raise
+                log.error(str(exc))  # the failure already on its way says more; this one is logged
 
     def cache_volume(self, name: str) -> None:
         """The named volume ``name``, made with sparkbuild's label where it is not there yet (so a
@@ -584,8 +592,15 @@ class Engine:
 
     def _remove(self, name: str) -> None:
         log.info(f"+ docker rm --force {name}  (SDK)")
-        with contextlib.suppress(docker.errors.NotFound):  # already gone is what we wanted
+        try:
             self.client.api.remove_container(name, force=True)
+        except docker.errors.NotFound:
+            pass  # already gone is what we wanted
+        except docker.errors.APIError as exc:
+            raise EngineError(
+                f"could not remove the container {name}: {exc.explanation}; remove it by hand (docker rm --force {name}) "
+                "once the engine lets go of it"
+            ) from None
 
 
 def _count_layer(event: dict[str, Any], layers: dict[str, str]) -> None:
