@@ -301,8 +301,11 @@ def run_check(server: Server, check: Check, *, image: str, model: str, startup: 
     answers = tuple(ask(server.url, prompt, server.model) for prompt in check.prompts)
     for a in answers:
         log.info(f"  {a.name} ({a.api}): {a.prompt!r} -> {a.received!r} [{'ok' if a.ok else 'WRONG'}]")
-    probed = survive_clients(server, check, answers)
-    numbers = held_to_reference(server, check) if all(a.ok for a in answers) else ()
+    right = all(a.ok for a in answers)
+    # A wrong answer is the finding; the probes (a stop string inside the expected answer) and the
+    # numbers (the reference's tokens) presume right ones.
+    probed = survive_clients(server, check, answers) if right else ()
+    numbers = held_to_reference(server, check) if right else ()
     bench: Benchmark | None = None
     if not all(a.ok for a in answers) or not all(n.ok for n in numbers):
         pass  # a wrong answer, or right ones on wrong numbers: nothing worth timing

@@ -74,19 +74,26 @@ def test_first_nightly_wrote_a_verify_result_with_answers_and_speed(nightly: Nig
     }
     assert all(lv["figures"]["tokens_per_s"] > 0 and lv["figures"]["ttft_ms_p50"] > 0 for lv in levels)
     assert (nightly.out / TARGET / "benchmark.png").is_file()
+    # Served with vLLM's own defaults (compiled, as users serve it), and it answered every client probe.
+    log = (nightly.out / TARGET / "server.log").read_text()
+    assert "enforce_eager=False" in log and "enforce_eager=True" not in log
+    assert {"logprobs", "prompt_logprobs", "stream (completions)", "stream (chat)", "n=2", "stop string"} <= set(data["probes"])
+    assert "prompt longer than the context" in data["probes"]
 
 
 def test_the_second_check_served_a_moe_through_the_gate_with_no_benchmark(nightly: Nightlies, cache: Path) -> None:
     if nightly.first_row["status"] == "up to date":
         pytest.skip("the image was already published by an earlier run with this cache")
     assert nightly.first_row["checks"] == [
-        {"check": "alphabet", "ok": True, "error": None},
-        {"check": "moe-alphabet", "ok": True, "error": None},
+        {"check": "alphabet", "ok": True, "skipped": None, "error": None, "log": None},
+        {"check": "moe-alphabet", "ok": True, "skipped": None, "error": None, "log": None},
     ]
     assert "moe-alphabet: 8/8 answers, moe CPU" in nightly.first.stdout  # the lookup chain's 8 prompts
     folder = nightly.out / TARGET / "checks" / "moe-alphabet"
     data = json.loads((folder / "verify.json").read_text())
     assert data["ok"] is True and data["benchmark"] is None and "moe-alphabet" in data["model"]
+    # Its answers' logprobs are held to the reference the model recorded, one by one and batched.
+    assert [(n["mode"], n["ok"], n["positions"]) for n in data["numbers"]] == [("one by one", True, 48), ("batch", True, 48)]
     (moe,) = data["kernels"]
     assert moe["ok"] and moe["chosen"][0]["backend"] == "CPU" and "MoE backend" in moe["chosen"][0]["line"]
     assert "MoE backend" in (folder / "server.log").read_text()
