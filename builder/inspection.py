@@ -126,12 +126,22 @@ def _verify_lines(results: list[Mapping[str, Any]]) -> list[str]:
 
 
 def _check_lines(result: Mapping[str, Any]) -> list[str]:
+    if result.get("skipped"):
+        return [f"  verify: SKIPPED (check {result.get('check')}): {result['skipped']}"]
     answers = result.get("answers") or []
     good = sum(bool(a.get("ok")) for a in answers)
     lines = [
         f"  verify: {'ok' if result.get('ok') else 'FAILED'}, {good}/{len(answers)} answers "
         f"(check {result.get('check')}, started in {result.get('startup_s', 0):.1f}s)"
     ]
+    numbers = result.get("numbers") or []
+    lines += [
+        f"    logprobs {n['mode']}: {'as recorded' if n.get('ok') else 'MOVED'} ({n['positions']} positions, "
+        f"at most {n['max_logprob_delta']:.4f} from the reference)"
+        for n in numbers
+    ]
+    if result.get("probes"):
+        lines.append(f"    client probes answered: {len(result['probes'])}")
     kernels = result.get("kernels") or []
     lines += [
         f"    kernel path {k['kind']}: {'/'.join(c['backend'] for c in k['chosen']) or 'not logged'}"
