@@ -345,7 +345,7 @@ def resources(target: Target, patch_folders: Mapping[str, Path]) -> dict[str, re
     engine = [(f"sparkbuild/{path}", data) for path, data in patch_bundle.files()]
     # Standalone scripts of sparkbuild's that run in the image (standard library only).
     scripts = {name: ((name, (package / name).read_bytes()),) for name in IMAGE_SCRIPTS}
-    serve = json.dumps(list(target.serve.command())).encode()
+    serve = json.dumps(target.serve.defaults_json()).encode()
     return {
         "patches": tuple(patch_files),
         "sparkbuild": tuple(engine),

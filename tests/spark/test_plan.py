@@ -272,10 +272,13 @@ def test_serve_defaults_are_applied_by_the_entrypoint_and_shown_in_a_label(
     assert entrypoint == ["python3", "/opt/sparkbuild/serve_defaults.py", "/opt/sparkbuild/serve-defaults.json", "vllm", "serve"]
     assert not re.search(r"^CMD ", text, re.MULTILINE)  # a CMD would be replaced, not added to
     defaults = json.loads((folder / "serve-defaults.json").read_text())
-    assert defaults[:6] == ["--gpu-memory-utilization", "0.75", "--max-num-seqs", "16", "--max-model-len", "32768"]
-    assert json.loads(defaults[7]) == {"cudagraph_capture_sizes": [1, 2, 4, 5, 8, 10, 16]}
+    args = defaults["args"]
+    assert args[:6] == ["--gpu-memory-utilization", "0.75", "--max-num-seqs", "16", "--max-model-len", "-1"]
+    # vLLM's graph sizes for 16 sequences, plus 5 and 10; the entrypoint redoes them for the user's --max-num-seqs.
+    assert json.loads(args[7]) == {"cudagraph_capture_sizes": [1, 2, 4, 5, 8, 10, 16, 24, 32]}
+    assert defaults["cudagraph_extra_sizes"] == [5, 10]
     label = plans(tmp_path)["vllm-0.19.0-cu129-sm121"].labels["io.sparkbuild.serve"]
-    assert label.startswith("--gpu-memory-utilization 0.75 --max-num-seqs 16")
+    assert label.startswith("--gpu-memory-utilization 0.75 --max-num-seqs 16 --max-model-len -1")
 
 
 def test_labels_name_the_base_the_image_is_built_from(tmp_path: Path) -> None:
