@@ -46,6 +46,10 @@ class External:
     # GIT_SUBMODULES_RECURSE: CMake updates submodules with --recursive unless it is set false.
     recursive: bool
     file: str
+    # How the compile gets the tree (see ``handoff``): "env", the file's *_SRC_DIR variable, or
+    # "fetchcontent", CMake's FETCHCONTENT_SOURCE_DIR_<NAME>, where the *_SRC_DIR branch differs
+    # from a clone's (vllm_flash_attn.cmake links FA4's Python files into the source tree there).
+    handoff: Literal["env", "fetchcontent"] = "env"
     # The commit ``ref`` names; set by ``resolve`` (a full SHA in the CMake file pins itself).
     commit: str | None = None
 
@@ -65,6 +69,7 @@ class External:
             "submodules": self.submodules if self.submodules == "all" else list(self.submodules),
             "recursive": self.recursive,
             "file": self.file,
+            "handoff": self.handoff,
         }
 
     def fetch_args(self) -> tuple[str, ...]:
@@ -93,7 +98,19 @@ class External:
             submodules=_submodules_json(data.get("submodules"), data),
             recursive=data.get("recursive", True) is not False,
             file=text("file"),
+            handoff="fetchcontent" if data.get("handoff") == "fetchcontent" else "env",
         )
+
+
+def handoff(found: tuple[External, ...]) -> tuple[dict[str, str], tuple[str, ...]]:
+    """How the vLLM stage hands each tree to the compile: environment variables, and CMake arguments
+    (the source stage checks each one out at ``External.path``)."""
+    env = {e.env: e.path for e in found if e.handoff == "env" and e.env}
+    # FetchContent's override is the checkout's root; the declaration's SOURCE_SUBDIR still applies.
+    args = tuple(
+        f"-DFETCHCONTENT_SOURCE_DIR_{e.name.upper()}=/src/externals/{e.name}" for e in found if e.handoff == "fetchcontent"
+    )
+    return env, args
 
 
 def _submodules_json(value: object, data: dict[str, object]) -> Submodules:
@@ -142,6 +159,9 @@ def _read(path: Path, relative: str) -> External | None:
             submodules=_submodules(body, declared=match.group(1) == "Declare"),
             recursive=(_option(body, "GIT_SUBMODULES_RECURSE") or "ON").upper() not in _CMAKE_FALSE,
             file=relative,
+            # Declared (so FetchContent honours its override) and a local tree is installed as a
+            # link into it, which the wheel cannot carry: hand the tree over as a clone.
+            handoff="fetchcontent" if match.group(1) == "Declare" and "CREATE_LINK" in text else "env",
         )
     return None
 

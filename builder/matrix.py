@@ -251,6 +251,11 @@ class Target:
     runtime_extras: tuple[str, ...] = ()
     # `sparkbuild gc` keeps this many of the target's newest nightly images (content tags).
     keep_nightlies: int = 14
+    # The compiler cache's size on the builder, GB (one cache: FlashInfer, preflight, vLLM's compile).
+    ccache_gb: int = 50
+    # Compile FlashInfer's AOT kernels (flashinfer-jit-cache, hours of nvcc) into the image; off:
+    # FlashInfer compiles what a model uses at serve time, into its cache volume (`sparkbuild run`).
+    flashinfer_aot: bool = False
 
     @property
     def check(self) -> Check:
@@ -535,6 +540,8 @@ TARGET_KEYS: dict[str, validate.Validator] = {
     "runtime_extras": validate.list_of(_requirement),
     "lane": validate.choice(LANES),
     "keep_nightlies": validate.positive_int,
+    "ccache_gb": validate.positive_int,
+    "flashinfer_aot": validate.boolean,
 }
 REQUIRED_KEYS = ("profile", "vllm", "torch", "base", "check")
 # Bounds on what one matrix expands to (every target is planned, rendered and hashed).
@@ -810,6 +817,8 @@ def _target(
         runtime_extras=values["runtime_extras"],
         lane=values["lane"],
         keep_nightlies=values["keep_nightlies"],
+        ccache_gb=values["ccache_gb"],
+        flashinfer_aot=values["flashinfer_aot"],
         where=f"{doc.file}:{doc.line(path)}",
     )
 

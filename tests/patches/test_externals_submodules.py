@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -71,8 +72,8 @@ def files(tree: Path) -> set[str]:
     return {str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_file() and ".git" not in p.relative_to(tree).parts}
 
 
-def cmake_checkout(cmake_file: Path, name: str, work: Path) -> set[str]:
-    """What CMake's FetchContent checks out for the declaration in ``cmake_file``."""
+def cmake_checkout(cmake_file: Path, name: str, work: Path, args: Sequence[str] = ()) -> set[str]:
+    """What CMake's FetchContent checks out for the declaration in ``cmake_file`` (configured with ``args``)."""
     (work / "top").mkdir(parents=True)
     (work / "top" / "CMakeLists.txt").write_text(
         textwrap.dedent(f"""\
@@ -84,7 +85,15 @@ def cmake_checkout(cmake_file: Path, name: str, work: Path) -> set[str]:
             """)
     )
     done = subprocess.run(
-        [shutil.which("cmake") or "cmake", "-S", work / "top", "-B", work / "build", f"-DFETCHCONTENT_BASE_DIR={work / 'deps'}"],
+        [
+            shutil.which("cmake") or "cmake",
+            "-S",
+            work / "top",
+            "-B",
+            work / "build",
+            f"-DFETCHCONTENT_BASE_DIR={work / 'deps'}",
+            *args,
+        ],
         env={**os.environ, **FILE_TRANSPORT},
         capture_output=True,
         text=True,
