@@ -231,9 +231,16 @@ def rehearse_cmd(matrix: Path | None, only: tuple[str, ...], lock: Path | None, 
         emit_json([r.to_json() for r in results])
     else:
         click.echo(text)
+    skipped = [r.target for r in results if r.not_rehearsable]
+    if skipped:
+        log.warning(f"rehearse: not rehearsable here (see each reason): {', '.join(skipped)}")
+    if len(skipped) == len(results):
+        log.warning("rehearse: no target could be rehearsed on this machine; nothing was built")
     failed = [r.target for r in results if r.error]
     if failed:
-        raise errors.LaneFailed(f"rehearse: {len(failed)} of {len(results)} target(s) failed: {', '.join(failed)}")
+        raise errors.LaneFailed(
+            f"rehearse: {len(failed)} of {len(results) - len(skipped)} rehearsable target(s) failed: {', '.join(failed)}"
+        )
 
 
 @cli.command("accept")
