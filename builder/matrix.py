@@ -256,6 +256,9 @@ class Target:
     # Compile FlashInfer's AOT kernels (flashinfer-jit-cache, hours of nvcc) into the image; off:
     # FlashInfer compiles what a model uses at serve time, into its cache volume (`sparkbuild run`).
     flashinfer_aot: bool = False
+    # vLLM's extras the runtime installs, at the pins vLLM's setup.py names (b12x: FlashInfer's
+    # SM12x MoE and FP4 kernels, which vLLM picks with --moe-backend b12x).
+    vllm_extras: tuple[str, ...] = ()
 
     @property
     def check(self) -> Check:
@@ -542,6 +545,7 @@ TARGET_KEYS: dict[str, validate.Validator] = {
     "keep_nightlies": validate.positive_int,
     "ccache_gb": validate.positive_int,
     "flashinfer_aot": validate.boolean,
+    "vllm_extras": validate.list_of(_name),
 }
 REQUIRED_KEYS = ("profile", "vllm", "torch", "base", "check")
 # Bounds on what one matrix expands to (every target is planned, rendered and hashed).
@@ -819,6 +823,7 @@ def _target(
         keep_nightlies=values["keep_nightlies"],
         ccache_gb=values["ccache_gb"],
         flashinfer_aot=values["flashinfer_aot"],
+        vllm_extras=values["vllm_extras"],
         where=f"{doc.file}:{doc.line(path)}",
     )
 
