@@ -144,8 +144,12 @@ def prepare(target: Target, cache: Path) -> Sources:
 def _commit(
     tree: Path, root: Path, name: str, origin: str, *, stub: bool, gitlinks: dict[str, tuple[str, str]] | None = None
 ) -> Local:
-    # A stand-in's commit message names its content, so a stand-in sparkbuild changes is made again.
-    message = f"{origin} (stand-in {_digest(tree, gitlinks)})" if stub else origin
+    # A stand-in's repository is named by its content: a stand-in sparkbuild changes is a new
+    # repository, and runs of different sparkbuild versions sharing the cache never rewrite each
+    # other's (a rewritten repository no longer has the commit a running build fetches).
+    if stub:
+        name = f"{name}-{_digest(tree, gitlinks)}"
+    message = f"{origin} (stand-in)" if stub else origin
     commit = gitrepo.commit_tree(tree, root / f"{name}.git", message, gitlinks=gitlinks)
     return Local(name=f"{name}.git", commit=commit, origin=origin, stub=stub)
 
