@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -19,7 +20,7 @@ from typing import Literal
 
 from builder import base_image, binaries, buildcache, fsutil, log, preflight, publish, render
 from builder.engine import Engine
-from builder.errors import ConfigError
+from builder.errors import BuildError, ConfigError
 from builder.options import Options
 from builder.plan import STAGE_REPOSITORY, StagePlan, TargetPlan, bases
 from builder.registry import Registry
@@ -234,17 +235,54 @@ def stage_args(plan: TargetPlan, stage: StagePlan, registry: Registry | None) ->
 def build_stage(engine: Engine, plan: TargetPlan, stage: StagePlan, opts: Options, registry: Registry | None = None) -> None:
     context = write_context(plan, stage, opts.cache / "contexts" / plan.id / stage.name, opts.cache / "contexts")
     labels = plan.labels if stage.final else {"io.sparkbuild.stage": stage.name, "io.sparkbuild.content-hash": stage.content_hash}
+    log_file = opts.out / plan.id / f"build-{stage.name}.log"
     with log.step(f"Building stage {stage.name} of {plan.id}: {stage.ref}"):
-        engine.build(
-            context=context,
-            tag=stage.ref,
-            platform=plan.target.platform,
-            labels=labels,
-            build_args={**plan.build_args(), **stage_args(plan, stage, registry)},
-            secrets=_secrets(opts),
-            log_file=opts.out / plan.id / f"build-{stage.name}.log",
-            cache=cache_flags(engine, opts, registry, plan, stage),
-        )
+        try:
+            engine.build(
+                context=context,
+                tag=stage.ref,
+                platform=plan.target.platform,
+                labels=labels,
+                build_args={**plan.build_args(), **stage_args(plan, stage, registry)},
+                secrets=_secrets(opts),
+                log_file=log_file,
+                cache=cache_flags(engine, opts, registry, plan, stage),
+            )
+        except BuildError as exc:
+            failed = compile_failures(log_file)
+            if not failed:
+                raise
+            raise BuildError(_compile_report(failed, opts.out / plan.id, stage.name, log_file)) from exc
+
+
+# --- a failed compile: every unit that failed, with its first error --------------------------------
+
+COMPILE_MARK = "sparkbuild-compile: json "
+_BUILDKIT_PREFIX = re.compile(r"^#\d+ \d+(?:\.\d+)? ")
+
+
+def compile_failures(log_file: Path) -> list[dict[str, str]]:
+    """The units the stage's compile report (``compile_report.py``, printed in the build) names."""
+    if not log_file.is_file():
+        return []
+    found: list[dict[str, str]] = []
+    for line in log_file.read_text(encoding="utf-8", errors="replace").splitlines():
+        line = _BUILDKIT_PREFIX.sub("", line)
+        if line.startswith(COMPILE_MARK):
+            found = json.loads(line[len(COMPILE_MARK) :])
+    return found
+
+
+def _compile_report(failed: list[dict[str, str]], out: Path, stage: str, log_file: Path) -> str:
+    """Write ``compile-failures.json``/``.txt`` beside the stage's log; the error's text."""
+    lines = [f"{f['unit']}: {f['error'] or '(no error line; see the log)'}" for f in failed]
+    (out / "compile-failures.json").write_text(json.dumps(failed, indent=2) + "\n", encoding="utf-8")
+    (out / "compile-failures.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    shown = "\n  ".join(lines[:20]) + (f"\n  ... {len(lines) - 20} more" if len(lines) > 20 else "")
+    return (
+        f"stage {stage}: {len(failed)} unit(s) failed to compile (every other unit compiled and is in ccache, so the "
+        f"rerun after a fix compiles only what changed):\n  {shown}\nlist: {out / 'compile-failures.txt'}; full log: {log_file}"
+    )
 
 
 def check_binaries(engine: Engine, image: str, gpu: str, out: Path) -> tuple[binaries.FileReport, ...]:

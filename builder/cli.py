@@ -254,9 +254,16 @@ def rehearse_cmd(matrix: Path | None, only: tuple[str, ...], lock: Path | None, 
         emit_json([r.to_json() for r in results])
     else:
         click.echo(text)
+    skipped = [r.target for r in results if r.not_rehearsable]
+    if skipped:
+        log.warning(f"rehearse: not rehearsable here (see each reason): {', '.join(skipped)}")
+    if len(skipped) == len(results):
+        log.warning("rehearse: no target could be rehearsed on this machine; nothing was built")
     failed = [r.target for r in results if r.error]
     if failed:
-        raise errors.LaneFailed(f"rehearse: {len(failed)} of {len(results)} target(s) failed: {', '.join(failed)}")
+        raise errors.LaneFailed(
+            f"rehearse: {len(failed)} of {len(results) - len(skipped)} rehearsable target(s) failed: {', '.join(failed)}"
+        )
 
 
 @cli.command("accept")
@@ -336,6 +343,63 @@ def closure_cmd(
 def model_cmd(name: str) -> None:
     """Make (or find in the cache) a check model and print its folder."""
     click.echo(model.ensure(Options.from_env().cache, name))
+
+
+@cli.command("run", context_settings={"ignore_unknown_options": True})
+@click.argument("image")
+@click.argument("model")
+@click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--port", type=int, default=8000, show_default=True, help="Where the OpenAI API listens (host network).")
+@click.option("--name", help="The container's name.")
+@click.option("--detach", "-d", is_flag=True, help="Start it in the background and print the command.")
+@click.option(
+    "--hf-cache",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The host's Hugging Face cache to mount (default: $HF_HOME, else ~/.cache/huggingface).",
+)
+@click.option(
+    "--volume-prefix",
+    default="sparkbuild-",
+    show_default=True,
+    help="The JIT caches' named volumes are PREFIX<cache> (flashinfer, vllm, inductor, triton, cuda).",
+)
+@click.option("--gpus/--no-gpus", default=None, help="Give it every GPU (default: unless the image has no CUDA).")
+@click.option("--print", "print_only", is_flag=True, help="Print the docker run command; start nothing.")
+@click.option("--json", "as_json", is_flag=True, help="With --print or --detach: the command as a JSON list.")
+def run_cmd(
+    image: str,
+    model: str,
+    vllm_args: tuple[str, ...],
+    port: int,
+    name: str | None,
+    detach: bool,
+    hf_cache: Path | None,
+    volume_prefix: str,
+    gpus: bool | None,
+    print_only: bool,
+    as_json: bool,
+) -> None:
+    """Serve MODEL with IMAGE as a Spark needs it: host IPC and network, the GPUs, the Hugging Face
+    cache, and the JIT caches (FlashInfer, torch.compile, Inductor, Triton, CUDA) on named volumes.
+    VLLM_ARGS go to `vllm serve` after the image's serving defaults; put them after `--`."""
+    from builder import launch
+
+    spec = launch.Launch(
+        image=image,
+        model=model,
+        args=vllm_args,
+        name=name,
+        port=port,
+        hf_cache=hf_cache,
+        prefix=volume_prefix,
+        gpus=gpus,
+        detach=detach,
+    )
+    args = launch.run(spec, dry_run=print_only)
+    if as_json:
+        emit_json(args)
+    elif print_only:
+        click.echo(shlex.join(args))
 
 
 @cli.command("verify")

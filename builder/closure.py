@@ -115,7 +115,11 @@ def requirements(target: Target, tree: Path) -> tuple[str, ...]:
         raise ConfigError(f"{target.where}: a closure is for a CUDA image; {target.id} has no 'cuda:'")
     spark: dict[str, Any] = defaults()["spark_runtime"]
     relaxed = set(target.relax)
-    own = [r for r in vllm_setup.requirements(tree, target.cuda) if _name(r) not in relaxed]
+    own = [
+        r
+        for r in vllm_setup.requirements(tree, target.cuda) + vllm_setup.extras(tree, list(target.vllm_extras))
+        if _name(r) not in relaxed
+    ]
     jit = (
         (f"cuda-toolkit[{','.join(spark['jit_components'])}]=={target.cuda}.*",)
         if int(target.cuda.split(".")[0]) >= plan.JIT_WHEELS_FROM

@@ -273,9 +273,13 @@ FIXED_IDENTITY = {
 }
 
 
-def commit_tree(tree: Path, repo: Path, message: str, tag: str | None = None) -> str:
+def commit_tree(
+    tree: Path, repo: Path, message: str, tag: str | None = None, gitlinks: dict[str, tuple[str, str]] | None = None
+) -> str:
     """A bare repository at ``repo`` whose one commit holds ``tree`` (tagged ``tag``); returns the commit.
 
+    ``gitlinks``: submodules (path -> (URL, commit)), recorded as git records them (a ``.gitmodules``
+    entry and a commit in the tree), so a checkout's ``git submodule update`` fetches them.
     Deterministic: the same files give the same commit on every machine. Made aside and renamed, so
     an interrupted run never leaves a half-made repository where a finished one is expected.
     """
@@ -295,7 +299,13 @@ def commit_tree(tree: Path, repo: Path, message: str, tag: str | None = None) ->
     (partial / "info").mkdir(exist_ok=True)
     (partial / "info" / "exclude").write_text(".sparkbuild-unpacked\n", encoding="utf-8")
     env = {**os.environ, **_ENV, **FIXED_IDENTITY, "GIT_DIR": str(partial), "GIT_WORK_TREE": str(tree)}
-    for args in (["add", "--all"], ["commit", "--quiet", "-m", message]):
+    links = sorted((gitlinks or {}).items())
+    if links:
+        sections = [f'[submodule "{path}"]\n\tpath = {path}\n\turl = {url}\n' for path, (url, _) in links]
+        (tree / ".gitmodules").write_text("".join(sections), encoding="utf-8")
+    steps = [["add", "--all"]]
+    steps += [["update-index", "--add", "--cacheinfo", f"160000,{commit},{path}"] for path, (_, commit) in links]
+    for args in [*steps, ["commit", "--quiet", "-m", message]]:
         log.info(cmd.show(["git", *args]))
         done = subprocess.run(["git", *args], env=env, capture_output=True, text=True, check=False)
         if done.returncode != 0:

@@ -8,6 +8,7 @@ names the file, the line and the key; an unknown key suggests the nearest known 
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import re
 import string
@@ -19,7 +20,7 @@ from typing import Any, Literal
 
 from packaging.version import InvalidVersion, Version
 
-from builder import host, kernelpath, lock, oci, packaged, patch, validate, yamlsrc
+from builder import host, kernelpath, lock, oci, packaged, patch, serve_defaults, validate, yamlsrc
 from builder.errors import ConfigError
 from builder.externals import External
 from builder.model import names as recipe_names
@@ -81,16 +82,20 @@ class BuildJobs:
 
 @dataclass(frozen=True, kw_only=True)
 class Serve:
-    """Serving defaults baked into the image's default command."""
+    """Serving defaults baked into the image's entrypoint (``builder/serve_defaults.py``)."""
 
     gpu_memory_utilization: float | None = None
     max_num_seqs: int | None = None
+    # -1: vLLM fits the length to memory, never beyond the model's own (a fixed length above a
+    # model's own stops vLLM from starting it).
     max_model_len: int | None = None
     cudagraph_capture_sizes: tuple[int, ...] = ()
+    # Captured beside vLLM's own sizes for the max_num_seqs in effect (the user's or the default).
+    cudagraph_extra_sizes: tuple[int, ...] = ()
     args: tuple[str, ...] = ()
 
     def command(self) -> tuple[str, ...]:
-        """``vllm serve`` options, in a stable order."""
+        """``vllm serve`` options, in a stable order: what ``docker run IMAGE MODEL`` adds."""
         out: list[str] = []
         if self.gpu_memory_utilization is not None:
             out += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
@@ -98,10 +103,16 @@ class Serve:
             out += ["--max-num-seqs", str(self.max_num_seqs)]
         if self.max_model_len is not None:
             out += ["--max-model-len", str(self.max_model_len)]
-        if self.cudagraph_capture_sizes:
-            sizes = ", ".join(map(str, self.cudagraph_capture_sizes))
-            out += ["--compilation-config", f'{{"cudagraph_capture_sizes": [{sizes}]}}']
+        sizes = list(self.cudagraph_capture_sizes)
+        if self.cudagraph_extra_sizes and self.max_num_seqs is not None:
+            sizes = serve_defaults.capture_sizes(self.max_num_seqs, list(self.cudagraph_extra_sizes))
+        if sizes:
+            out += ["--compilation-config", json.dumps({"cudagraph_capture_sizes": sizes})]
         return (*out, *self.args)
+
+    def defaults_json(self) -> dict[str, Any]:
+        """The image's ``serve-defaults.json``, which its entrypoint reads."""
+        return {"args": list(self.command()), "cudagraph_extra_sizes": list(self.cudagraph_extra_sizes)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -243,6 +254,14 @@ class Target:
     runtime_extras: tuple[str, ...] = ()
     # `sparkbuild gc` keeps this many of the target's newest nightly images (content tags).
     keep_nightlies: int = 14
+    # The compiler cache's size on the builder, GB (one cache: FlashInfer, preflight, vLLM's compile).
+    ccache_gb: int = 50
+    # Compile FlashInfer's AOT kernels (flashinfer-jit-cache, hours of nvcc) into the image; off:
+    # FlashInfer compiles what a model uses at serve time, into its cache volume (`sparkbuild run`).
+    flashinfer_aot: bool = False
+    # vLLM's extras the runtime installs, at the pins vLLM's setup.py names (b12x: FlashInfer's
+    # SM12x MoE and FP4 kernels, which vLLM picks with --moe-backend b12x).
+    vllm_extras: tuple[str, ...] = ()
 
     @property
     def check(self) -> Check:
@@ -438,18 +457,31 @@ def _fraction(doc: Located, path: DocPath, value: Any) -> float:
     raise doc.fail(path, f"expected a fraction of memory in (0, 1], like 0.75, got {validate.type_name(value)}")
 
 
+def _model_len(doc: Located, path: DocPath, value: Any) -> int:
+    if value == -1 or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return int(value)
+    raise doc.fail(path, f"expected a length in tokens, or -1 (vLLM fits it to memory), got {validate.type_name(value)}")
+
+
 SERVE_KEYS: dict[str, validate.Validator] = {
     "gpu_memory_utilization": _fraction,
     "max_num_seqs": validate.positive_int,
-    "max_model_len": validate.positive_int,
+    "max_model_len": _model_len,
     "cudagraph_capture_sizes": validate.list_of(validate.positive_int),
+    "cudagraph_extra_sizes": validate.list_of(validate.positive_int),
     "args": validate.list_of(validate.line),
 }
 
 
 def _serve(doc: Located, path: DocPath, value: Any) -> Serve:
     spec = validate.mapping(doc, path, value, SERVE_KEYS)
-    return Serve(**{k: SERVE_KEYS[k](doc, (*path, k), v) for k, v in spec.items() if v is not None})
+    serve = Serve(**{k: SERVE_KEYS[k](doc, (*path, k), v) for k, v in spec.items() if v is not None})
+    if serve.cudagraph_extra_sizes and (serve.cudagraph_capture_sizes or serve.max_num_seqs is None):
+        raise doc.fail(
+            (*path, "cudagraph_extra_sizes"),
+            "extra CUDA graph sizes are added to vLLM's own for max_num_seqs: give max_num_seqs, and no cudagraph_capture_sizes",
+        )
+    return serve
 
 
 def _vllm(doc: Located, path: DocPath, value: Any) -> VllmSource:
@@ -514,6 +546,9 @@ TARGET_KEYS: dict[str, validate.Validator] = {
     "runtime_extras": validate.list_of(_requirement),
     "lane": validate.choice(LANES),
     "keep_nightlies": validate.positive_int,
+    "ccache_gb": validate.positive_int,
+    "flashinfer_aot": validate.boolean,
+    "vllm_extras": validate.list_of(_name),
 }
 REQUIRED_KEYS = ("profile", "vllm", "torch", "base", "check")
 # Bounds on what one matrix expands to (every target is planned, rendered and hashed).
@@ -812,6 +847,9 @@ def _target(
         runtime_extras=values["runtime_extras"],
         lane=values["lane"],
         keep_nightlies=values["keep_nightlies"],
+        ccache_gb=values["ccache_gb"],
+        flashinfer_aot=values["flashinfer_aot"],
+        vllm_extras=values["vllm_extras"],
         where=f"{doc.file}:{doc.line(path)}",
     )
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder import __version__, base_image, fsutil, lock, matrix, patch, project, render, toolchain
+from builder import __version__, base_image, externals, fsutil, lock, matrix, patch, project, render, toolchain
 from builder.errors import ConfigError
 from builder.matrix import Target
 from builder.options import Options, defaults
@@ -90,7 +90,8 @@ class TargetPlan:
     def build_args(self) -> dict[str, str]:
         """Build arguments: they change how fast or from where, never what is built."""
         jobs = self.jobs.build_args() if self.jobs else {}
-        return {**dict(self.target.build_args), **self.source_args, **jobs}
+        ccache = {"CCACHE_MAXSIZE": f"{self.target.ccache_gb}G"} if self.target.profile == "spark" else {}
+        return {**dict(self.target.build_args), **self.source_args, **jobs, **ccache}
 
     def manifest(self) -> dict[str, Any]:
         """The build manifest written into the image: every input, and the tag it gave."""
@@ -287,10 +288,13 @@ def template_variables(target: Target) -> dict[str, Any]:
         "patches": target.patches,
         "unresolved": "unresolved",
         "externals": target.externals or (),
+        "external_env": externals.handoff(target.externals or ())[0],
+        "external_cmake_args": externals.handoff(target.externals or ())[1],
         "compile": target.compile,
         "jit_components": ",".join(spark["jit_components"]),
         # NVIDIA's PyPI wheels carry nvcc from CUDA 13 on (CUDA 12's have ptxas and NVVM only).
         "jit_from_wheels": target.cuda is not None and int(target.cuda.split(".")[0]) >= JIT_WHEELS_FROM,
+        "gpu_arch": target.gpu.replace(".", "") + "a",
         "jit_home": "/opt/sparkbuild/cuda"
         if target.cuda and int(target.cuda.split(".")[0]) >= JIT_WHEELS_FROM
         else "/usr/local/cuda",
@@ -351,7 +355,7 @@ def resources(target: Target, patch_folders: Mapping[str, Path]) -> dict[str, re
     engine = [(f"sparkbuild/{path}", data) for path, data in patch_bundle.files()]
     # Standalone scripts of sparkbuild's that run in the image (standard library only).
     scripts = {name: ((name, (package / name).read_bytes()),) for name in IMAGE_SCRIPTS}
-    serve = json.dumps(list(target.serve.command())).encode()
+    serve = json.dumps(target.serve.defaults_json()).encode()
     return {
         "patches": tuple(patch_files),
         "sparkbuild": tuple(engine),

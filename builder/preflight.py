@@ -7,7 +7,10 @@ changed. Here, on the host, sparkbuild reads what it exported:
 - the audit: every CUDA translation unit of ``compile_commands.json`` with the code it will get
   (``-gencode`` / ``--generate-code``), judged by check-binary's rule for the target's GPU
   (``gpu:``, the Spark's 12.1): a unit with no code that runs there fails, named; PTX-only units
-  are listed apart (the driver JIT-compiles them on first load);
+  are listed apart (the driver JIT-compiles them on first load). A library none of whose units
+  gets any code target is one the project builds for other GPUs only (flash-attention's FA3 for
+  9.0a: its arch list intersects to nothing for 12.1a): listed apart as compiled for nothing, not
+  a failure; a unit without code in a library whose other units have code still fails;
 - the patched units: each must compile, and its object must carry code for the GPU (cuobjdump),
   kernel by kernel (check-binary's rule: no kernel with code for the GPU's family that cannot run).
 
@@ -20,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,7 +34,7 @@ from builder.errors import BuildError
 _GENCODE = re.compile(r"arch=compute_(\w+?),code=\[?([\w,]+)\]?")
 _ARCH = re.compile(r"^(\d+?)(\d)([af]?)$")
 _LIBRARY = re.compile(r"CMakeFiles/([^/]+)\.dir/")
-Verdict = Literal["sass", "ptx-only", "none"]
+Verdict = Literal["sass", "ptx-only", "none", "other-gpu"]
 # What nvcc compiles: a patch that changes one of these must have a unit compiled that holds it.
 CUDA_SOURCES = (".cu", ".cuh")
 
@@ -90,7 +93,14 @@ def audit(commands: list[dict[str, Any]], device: Arch, source: str) -> tuple[Un
                 verdict=judge(codes, device),
             )
         )
-    return tuple(sorted(units, key=lambda u: u.file))
+    return tuple(sorted(_other_gpu(units), key=lambda u: u.file))
+
+
+def _other_gpu(units: list[Unit]) -> list[Unit]:
+    """Units of a library that gets no code target at all: built for other GPUs only (their arch
+    list intersects to nothing with this one), so compiled for nothing here, not a defect."""
+    coded = {u.library for u in units if u.codes}
+    return [replace(u, verdict="other-gpu") if u.library not in coded and u.library != "?" else u for u in units]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,13 +159,15 @@ class Report:
         return bool(self.units) and not self.failing_units and not self.failing_compiles and not self.uncompiled_changes
 
     def counts(self) -> dict[Verdict, int]:
-        verdicts: tuple[Verdict, ...] = ("sass", "ptx-only", "none")
+        verdicts: tuple[Verdict, ...] = ("sass", "ptx-only", "none", "other-gpu")
         return {v: sum(u.verdict == v for u in self.units) for v in verdicts}
 
     def cell(self) -> str:
         """One summary-table cell: units, code targets, problems, seconds."""
         c = self.counts()
         text = f"{len(self.units)} units: {c['sass']} sass, {c['ptx-only']} ptx-only, {c['none']} none"
+        if c["other-gpu"]:
+            text += f", {c['other-gpu']} for other GPUs"
         text += f"; {len(self.compiled) - len(self.failing_compiles)}/{len(self.compiled)} patched ok"
         if self.uncompiled_changes:
             text += f"; {len(self.uncompiled_changes)} patched CUDA file(s) compiled by no unit"
@@ -176,6 +188,15 @@ class Report:
                 lines.append(f"  ptx-only (JIT on first load): {u.file} [{listed}]")
             elif u.verdict == "none":
                 lines.append(f"  NO CODE FOR THIS GPU: {u.file} [{listed}]")
+        others: dict[str, int] = {}
+        for u in self.units:
+            if u.verdict == "other-gpu":
+                others[u.library] = others.get(u.library, 0) + 1
+        for library, n in sorted(others.items()):
+            lines.append(
+                f"  {library}: {n} unit(s) built for other GPUs only (no code target for this arch list): "
+                "compiled for nothing here"
+            )
         for c in self.compiled:
             state = "ok" if c.ok and c.runs is not False else "FAILED"
             lines.append(f"  patched unit {state}: {c.file} ({c.seconds:.0f}s) [{', '.join(x.label() for x in c.codes)}]")

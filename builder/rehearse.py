@@ -1,18 +1,23 @@
 """``sparkbuild rehearse``: build a Spark target's stages here, for real, in minutes instead of hours.
 
-The Spark templates themselves are rendered for this machine's platform on bases made here (the
-matrix's ``rehearsal: bases:`` maps each NVIDIA image to a ``cuda_wheels`` base) and built with
-BuildKit: the source stage (pinned commits from a git remote, the real patch engine), FlashInfer
-(its real wheel; no AOT module), vLLM, and the runtime stage with its real requirements and image
-checks. One thing alone is swapped: vLLM's kernel compile. In its place the vLLM stage runs the
-preflight (vLLM's own configure, audited for the target GPU, and the patched units compiled and
-checked), then builds a Python-only vLLM wheel so the runtime stage runs for real.
+The Spark templates themselves are built with BuildKit: the source stage (pinned commits from a git
+remote, the real patch engine), FlashInfer (its real wheel), vLLM, and the runtime stage with its
+real requirements and image checks. What a rehearsal swaps, each listed in its report (``swapped``):
 
-What only the runner proves: the full kernel compile, the binary check of the compiled
-extensions, FlashInfer's AOT modules and cubin download, and serving on the GPU.
+- the platform: this machine's (no emulation), for the target's linux/arm64;
+- the bases: each NVIDIA image for a base made here (``rehearsal: bases:``; Debian trixie with
+  CUDA from NVIDIA's PyPI wheels: Python 3.13 and GCC 14, where the runner's Ubuntu 24.04 has 3.12
+  and 13);
+- in the templates: vLLM's kernel compile (preflight runs vLLM's own configure, audited for the
+  target GPU, and compiles the patched units; the wheel is Python-only), FlashInfer's AOT modules
+  where the target asks for them, FlashInfer's cubin download, and the binary check;
+- with ``--offline``: each source GitHub alone has, for a marked stand-in (``builder.offline``):
+  CUTLASS (the headers of FlashInfer's sdist, another version than the pinned one) and every
+  project vLLM's CMake clones;
+- the requirements ``rehearsal: relax:`` names.
 
-``--offline`` takes every source from PyPI or makes a marked stand-in (``builder.offline``) and
-serves them from a local git daemon: the rehearsal then needs no GitHub at all.
+A target that cannot be rehearsed here (no stand-in for a base, a torch index this machine cannot
+reach) is reported as not rehearsable, with the reason, and the others go on.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import requests
 
 from builder import build, closure, gitrepo, log, offline, plan, preflight, sources
 from builder.engine import Engine
-from builder.errors import ConfigError, FatalError, SourceError
+from builder.errors import FatalError
 from builder.matrix import Base, Matrix, Target
 from builder.options import Options
 
@@ -42,6 +47,11 @@ def build_platform() -> str:
     return {"x86_64": "linux/amd64", "aarch64": "linux/arm64", "arm64": "linux/arm64"}.get(host.machine(), "linux/amd64")
 
 
+class NotRehearsable(Exception):
+    """What this machine lacks to rehearse a target (a stand-in base, a reachable torch index);
+    the target's row says so and the others go on (not a FatalError: it fails nothing)."""
+
+
 def rehearsal_target(target: Target, m: Matrix) -> Target:
     """``target`` as the rehearsal builds it: this platform, bases made here, vLLM's compile swapped."""
 
@@ -49,7 +59,7 @@ def rehearsal_target(target: Target, m: Matrix) -> Target:
         if base.image is None:
             return base  # made here already
         if base.name not in m.rehearsal.bases:
-            raise ConfigError(
+            raise NotRehearsable(
                 f"{m.file}: rehearsal: bases: has no stand-in for '{base.name}' ({base.image}), which "
                 f"{target.id} uses; map it to a base made here, e.g. `{base.name}: trixie-cuda-13.0-devel`"
             )
@@ -68,6 +78,41 @@ def rehearsal_target(target: Target, m: Matrix) -> Target:
     )
 
 
+def describe_base(base: Base) -> str:
+    """What a base is, in the words the swap list uses."""
+    if base.image is not None:
+        facts = [f"Python {base.python}" if base.python else "", f"glibc {base.glibc}" if base.glibc else ""]
+        shown = ", ".join(f for f in facts if f)
+        return base.image.split("@")[0] + (f" ({shown})" if shown else "")
+    if base.cuda_wheels is not None:
+        w = base.cuda_wheels
+        return f"{base.name}: CUDA {w.toolkit} {w.flavor} from NVIDIA's PyPI wheels on {describe_base(w.base)}"
+    if base.debootstrap is not None:
+        return f"{base.name}: Debian {base.debootstrap.suite} made with debootstrap"
+    return base.name
+
+
+def swapped(target: Target, rehearsed: Target) -> list[str]:
+    """Everything the rehearsal builds differently from the runner, one line each (sources come later)."""
+    lines = [f"platform: {target.platform} -> {rehearsed.platform} (this machine's, no emulation)"]
+    seen: set[str] = set()
+    for role in ("base", "runtime_base", "ptxas_base", "source_base"):
+        before, after = getattr(target, role), getattr(rehearsed, role)
+        if before != after and before.name not in seen:
+            seen.add(before.name)
+            lines.append(f"base {before.name}: {describe_base(before)} -> {describe_base(after)}")
+    lines.append(
+        "template vllm: the kernel compile -> preflight (vLLM's configure, the audit, the patched units "
+        "compiled) and a Python-only wheel (VLLM_TARGET_DEVICE=empty)"
+    )
+    if target.flashinfer is not None and target.flashinfer_aot:
+        lines.append("template flashinfer: the AOT modules (flashinfer-jit-cache) -> not compiled")
+    if target.flashinfer is not None:
+        lines.append("template runtime: `flashinfer download-kernels` -> not run (FlashInfer's artifact host)")
+    lines.append("build: check-binary of vLLM's extensions -> not run (none compiled)")
+    return lines
+
+
 @dataclass
 class Rehearsal:
     target: str
@@ -79,6 +124,9 @@ class Rehearsal:
     checks: dict[str, Any] = field(default_factory=dict)
     sources: str = ""
     relaxed: tuple[str, ...] = ()
+    swapped: list[str] = field(default_factory=list)
+    # Why this machine cannot rehearse the target (None: it can).
+    not_rehearsable: str | None = None
     error: str | None = None
     seconds: float = 0.0
 
@@ -93,6 +141,8 @@ class Rehearsal:
             "checks": self.checks,
             "sources": self.sources,
             "relaxed": list(self.relaxed),
+            "swapped": self.swapped,
+            "not_rehearsable": self.not_rehearsable,
             "error": self.error,
             "seconds": round(self.seconds, 1),
         }
@@ -115,14 +165,21 @@ def rehearse(opts: Options, *, offline_sources: bool) -> list[Rehearsal]:
 def _one(engine: Engine, m: Matrix, target: Target, opts: Options, url: str | None, result: Rehearsal) -> None:
     start = time.monotonic()
     try:
-        rehearsed = rehearsal_target(target, m)
+        try:
+            rehearsed = rehearsal_target(target, m)
+            _require_torch_index(rehearsed)
+        except NotRehearsable as exc:
+            result.status, result.not_rehearsable = "not rehearsable", str(exc)
+            log.warning(f"{target.id}: not rehearsable here: {exc}")
+            return
         result.relaxed = rehearsed.relax
+        result.swapped = swapped(target, rehearsed)
         if url is not None:
             found = offline.prepare(rehearsed, opts.cache)
             result.sources = offline.describe(found)
+            result.swapped += offline.swapped(found, target)
             log.info(result.sources)
             rehearsed = found.apply(rehearsed)
-        _require_torch_index(rehearsed)
         # The closure of the image as the runner builds it (its platform and runtime base), with
         # this machine's relaxed pins.
         result.status = "closure"
@@ -158,7 +215,7 @@ def _require_torch_index(target: Target) -> None:
     try:
         requests.head(index.rstrip("/") + "/torch/", timeout=10, allow_redirects=True)
     except requests.RequestException as exc:
-        raise SourceError(
+        raise NotRehearsable(
             f"{target.id} installs torch {target.torch} from {index}, which this machine cannot reach ({type(exc).__name__}); "
             "rehearse it where that index answers, or give the target a torch that PyPI serves (torch_index: pypi)"
         ) from None
@@ -176,6 +233,11 @@ def table(results: list[Rehearsal]) -> str:
     lines = []
     for r in results:
         lines.append(f"{r.target}: {r.status} in {log.format_seconds(r.seconds)}")
+        if r.not_rehearsable:
+            lines.append(f"  not rehearsable here: {r.not_rehearsable}")
+        if r.swapped:
+            lines.append("  SWAPPED (the runner builds these as the matrix says):")
+            lines += [f"    {line}" for line in r.swapped]
         if r.sources:
             lines += ["  " + line for line in r.sources.splitlines()]
         if r.relaxed:

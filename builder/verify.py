@@ -107,9 +107,15 @@ def serve_check(
     name = f"sparkbuild-verify-{secrets.token_hex(4)}"
     folder = result_file.parent
     # What the server compiles (torch.compile, Triton, FlashInfer JIT) is kept for this image alone.
-    caches = {jitcache.volume_for(str(engine.inspect(image)["Id"])): jitcache.MOUNT}
+    caches = jitcache.for_image(str(engine.inspect(image)["Id"]))
     run = engine.run(
-        image, command, name=name, mounts={model.resolve(): "/model"}, caches=caches, environment=jitcache.ENV, gpus=gpus
+        image,
+        command,
+        name=name,
+        mounts={model.resolve(): "/model"},
+        caches=caches,
+        environment=jitcache.environment(),
+        gpus=gpus,
     )
     with run as container:
         try:

@@ -6,7 +6,8 @@ depends on are read out of it with ``ast`` and run in a namespace that provides 
 - ``get_requirements()``: the ``install_requires`` of the CUDA wheel (``requirements/cuda.txt``
   with its ``-r`` includes and vLLM's own per-CUDA-version edits);
 - ``cmake_build_ext.compute_num_jobs()``: how ``MAX_JOBS`` and ``NVCC_THREADS`` become parallel
-  compiles (vLLM divides the first by the second).
+  compiles (vLLM divides the first by the second);
+- ``setup(extras_require=...)``: an extra's requirements (``b12x``), read as the literal it is.
 
 Standard library only: it also runs inside the vLLM build stage (``python3 -m builder.vllm_setup``).
 """
@@ -87,6 +88,27 @@ def requirements(source: Path, cuda: str) -> list[str]:
     return [str(r).strip() for r in found if str(r).strip()]
 
 
+def extras(source: Path, names: list[str]) -> list[str]:
+    """The requirements of vLLM's extras ``names`` (``setup(extras_require={...})``, a literal)."""
+    if not names:
+        return []
+    declared: dict[str, list[str]] | None = None
+    for node in ast.walk(_tree(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setup":
+            for keyword in node.keywords:
+                if keyword.arg == "extras_require":
+                    try:
+                        declared = ast.literal_eval(keyword.value)
+                    except ValueError:
+                        raise SetupError(f"{source / 'setup.py'}: extras_require is not a literal") from None
+    if declared is None:
+        raise SetupError(f"{source / 'setup.py'}: setup() names no extras_require")
+    unknown = [n for n in names if n not in declared]
+    if unknown:
+        raise SetupError(f"{source / 'setup.py'}: no extra {', '.join(unknown)}; it has {', '.join(sorted(declared))}")
+    return [r for n in names for r in declared[n]]
+
+
 def compute_num_jobs(source: Path, max_jobs: int, nvcc_threads: int, cores: int) -> tuple[int, int | None]:
     """What vLLM's ``compute_num_jobs`` makes of ``MAX_JOBS`` and ``NVCC_THREADS``: (parallel
     compiles, nvcc threads each)."""
@@ -110,7 +132,7 @@ def compute_num_jobs(source: Path, max_jobs: int, nvcc_threads: int, cores: int)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python3 -m builder.vllm_setup requirements --source DIR --cuda 13.0 [--out FILE]``."""
+    """``python3 -m builder.vllm_setup requirements --source DIR --cuda 13.0 [--extra NAME]... [--out FILE]``."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python3 -m builder.vllm_setup")
@@ -118,9 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source", type=Path, required=True)
     parser.add_argument("--cuda", required=True)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--extra", action="append", default=[], help="one of vLLM's extras (repeatable)")
     args = parser.parse_args(argv)
     try:
-        found = requirements(args.source, args.cuda)
+        found = requirements(args.source, args.cuda) + extras(args.source, args.extra)
     except SetupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USAGE

@@ -9,7 +9,9 @@ and what serving needs. Every check runs the real thing (no GPU needed):
   version compiles a unit that includes the runtime, NVRTC, cuBLAS, cuRAND and CUB headers, and
   FlashInfer finds that toolkit;
 - torchvision, torchaudio and torchcodec import, matching torch;
-- ray imports and the RDMA user-space libraries NCCL opens for two Sparks load.
+- ray imports and the RDMA user-space libraries NCCL opens for two Sparks load;
+- Triton is pointed at the ptxas pick_ptxas.py chose for the GPU (it assembled a kernel for it);
+- fastsafetensors (vLLM's --load-format fastsafetensors) imports and the libnuma it opens loads.
 """
 
 import argparse
@@ -170,6 +172,24 @@ def nccl_header():
     return found[0]
 
 
+def triton_ptxas():
+    chosen = json.loads(pathlib.Path("/opt/sparkbuild/bin/ptxas.json").read_text())
+    for variable in ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH"):
+        if os.path.realpath(os.environ.get(variable, "")) != os.path.realpath(chosen["chosen"]["path"]):
+            raise RuntimeError(f"{variable}={os.environ.get(variable)} is not the ptxas chosen for {chosen['arch']}")
+    return {"arch": chosen["arch"], "name": chosen["chosen"]["name"], "release": chosen["chosen"]["release"]}
+
+
+def fastsafetensors():
+    try:
+        version = importlib.metadata.version("fastsafetensors")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+    importlib.import_module("fastsafetensors")
+    ctypes.CDLL("libnuma.so.1")  # what its native part opens (fastsafetensors/cpp/ext.cpp)
+    return {"version": version, "libnuma.so.1": "loads"}
+
+
 for name, func in (
     ("torch", torch_build),
     ("vllm", vllm_source),
@@ -178,6 +198,8 @@ for name, func in (
     ("flashinfer", flashinfer_toolkit),
     ("companions", companions),
     ("multi_node", multi_node),
+    ("triton_ptxas", triton_ptxas),
+    ("fastsafetensors", fastsafetensors),
 ):
     check(name, func)
 if problems:

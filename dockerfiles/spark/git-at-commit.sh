@@ -1,6 +1,9 @@
 #!/bin/sh
-# git-at-commit REPO COMMIT DEST [--submodules]: fetch exactly one commit and prove it is that one.
-# A commit id is a hash over the whole tree, so checking it is the checksum of what was fetched.
+# git-at-commit REPO COMMIT DEST [--submodules [--no-recursive] [PATH...]]: fetch exactly one commit
+# and prove it is that one. A commit id is a hash over the whole tree, so checking it is the checksum
+# of what was fetched; a submodule is pinned by the commit its superproject records.
+# --submodules initializes the submodules CMake would (ExternalProject's GIT_SUBMODULES): the PATHs
+# given, or every one when none is given; recursively unless --no-recursive (GIT_SUBMODULES_RECURSE).
 set -eu
 repo=$1 commit=$2 dest=$3
 # Where the commits are fetched from may differ from the name the plan hashes (a local mirror, the
@@ -16,7 +19,17 @@ if [ "$got" != "$commit" ]; then
     echo "git-at-commit: $repo gave $got, the plan pinned $commit" >&2
     exit 1
 fi
+# The record of what was fetched (the source stage: /src/sources.txt).
+record=${SPARKBUILD_SOURCES_RECORD:-/src/sources.txt}
+echo "$repo $commit" >> "$record"
 if [ "${4:-}" = "--submodules" ]; then
-    git -C "$dest" submodule update --quiet --init --recursive --depth 1
+    shift 4
+    recursive=--recursive
+    if [ "${1:-}" = "--no-recursive" ]; then
+        recursive=
+        shift
+    fi
+    git -C "$dest" submodule update --quiet --init $recursive --depth 1 -- "$@"
+    # Each submodule with the commit it was checked out at, below its superproject's line.
+    git -C "$dest" submodule --quiet foreach $recursive 'echo "  $displaypath $sha1"' >> "$record"
 fi
-echo "$repo $commit" >> /src/sources.txt

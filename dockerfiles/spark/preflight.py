@@ -175,14 +175,24 @@ def compile_unit(entry: dict, out: pathlib.Path, index: int, reached: list) -> d
     return result
 
 
+def src_dirs() -> dict:
+    """Every local tree the compile is handed: *_SRC_DIR variables, and FetchContent's own overrides
+    (-DFETCHCONTENT_SOURCE_DIR_<NAME>=...) in CMAKE_ARGS."""
+    found = {k: v for k, v in os.environ.items() if k.endswith("_SRC_DIR") and v}
+    for arg in os.environ.get("CMAKE_ARGS", "").split():
+        if arg.startswith("-DFETCHCONTENT_SOURCE_DIR_") and "=" in arg:
+            name, value = arg[2:].split("=", 1)
+            found[name] = value
+    return dict(sorted(found.items()))
+
+
 def stubbed(source: pathlib.Path) -> list:
     """External projects whose tree is a stand-in (it carries a marker), not the real source."""
     names = []
-    for name, value in sorted(os.environ.items()):
-        if name.endswith("_SRC_DIR") and value:
-            folder = pathlib.Path(value)
-            if any((p / STUB_MARK).is_file() for p in [folder, *folder.parents] if p != pathlib.Path("/")):
-                names.append(name)
+    for name, value in src_dirs().items():
+        folder = pathlib.Path(value)
+        if any((p / STUB_MARK).is_file() for p in [folder, *folder.parents] if p != pathlib.Path("/")):
+            names.append(name)
     return names
 
 
@@ -220,7 +230,7 @@ def main() -> None:
         "changed_files": sorted(str(p.relative_to(args.source.resolve())) for p in changed),
         "compiled": compiled,
         "stubbed": stubbed(args.source),
-        "src_dirs": {k: v for k, v in sorted(os.environ.items()) if k.endswith("_SRC_DIR")},
+        "src_dirs": src_dirs(),
         "arch_list": os.environ.get("TORCH_CUDA_ARCH_LIST"),
     }
     (args.out / "preflight.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -82,8 +82,14 @@ def test_resolve_pins_every_ref_and_image_and_the_build_reads_the_lock(
     vllm_stage = next(s for s in after.stages if s.name == "vllm").rendered.dockerfile
     for e in after.target.externals:
         assert f"git-at-commit {e.repo} {e.commit} /src/externals/{e.name}" in vllm_stage
-        assert f"{e.env}={e.path} " in vllm_stage
-    assert "CMAKE_ARGS=-DFETCHCONTENT_FULLY_DISCONNECTED=ON" in vllm_stage
+        if e.handoff == "env":
+            assert f"{e.env}={e.path} " in vllm_stage
+        else:  # FA: FetchContent's own override, so the tree is installed as a clone's (no link into /src)
+            assert f"-DFETCHCONTENT_SOURCE_DIR_{e.name.upper()}=/src/externals/{e.name}" in vllm_stage
+    assert [e.name for e in after.target.externals if e.handoff == "fetchcontent"] == ["vllm-flash-attn"]
+    assert 'CMAKE_ARGS="-DFETCHCONTENT_FULLY_DISCONNECTED=ON ' in vllm_stage
+    fa = next(e for e in after.target.externals if e.name == "vllm-flash-attn")
+    assert "/src/externals/vllm-flash-attn --submodules\n" in vllm_stage and fa.submodules == "all"
     assert after.target.vllm.commit == upstream.shas["v0.33.0"]
     assert after.base_ref == f"{image}@{digest}"
     assert after.content_tag != before.content_tag

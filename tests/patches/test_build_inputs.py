@@ -52,3 +52,10 @@ def test_the_plans_build_jobs_mean_what_vllms_setup_py_makes_of_them(
     jobs = toolchain.build_jobs(free_gb * GIB, cores, arch_list)
     compiles, threads = vllm_setup.compute_num_jobs(every_tree[version], jobs.max_jobs, jobs.nvcc_threads, cores)
     assert (compiles, threads) == (jobs.compiles, jobs.nvcc_threads)
+
+
+def test_an_extra_is_read_at_vllms_own_pin(every_tree: dict[str, Path]) -> None:
+    """vLLM 0.33.0's b12x extra (FlashInfer's SM12x MoE kernels), as setup.py's extras_require names it."""
+    assert vllm_setup.extras(every_tree["0.33.0"], ["b12x"]) == ["b12x==1.5.1"]
+    with pytest.raises(vllm_setup.SetupError, match="no extra nothing; it has .*b12x"):
+        vllm_setup.extras(every_tree["0.33.0"], ["nothing"])

@@ -219,8 +219,22 @@ def test_the_source_stage_runs_on_the_build_platform_and_pins_commits(rendered: 
     assert "VLLM_CUTLASS_SRC_DIR=/src/cutlass" in text and 'TORCH_CUDA_ARCH_LIST="12.1a"' in text
     # 0.19.0 needs no patch (docs/patches-needed.md): its source stage runs no patch engine.
     assert "python3 -m builder.patch" not in text and "/opt/sparkbuild/patches" not in text
+    # The Release compile, ninja that keeps going, and the handoff of each external project.
+    assert "CMAKE_BUILD_TYPE=Release" in text and "-DCMAKE_MAKE_PROGRAM=/opt/sparkbuild/bin/ninja-keep-going" in text
     flashinfer = (rendered["vllm-0.19.0-cu129-sm121"][0] / "Dockerfile").read_text()
-    assert 'FLASHINFER_CUDA_ARCH_LIST="12.1a"' in flashinfer
+    # No AOT modules unless the target asks (vLLM's own image ships none; FlashInfer JIT-compiles them).
+    assert "flashinfer-jit-cache" not in flashinfer.split("FROM ", 2)[-1].replace("# no AOT module (flashinfer-jit-cache", "")
+
+
+def test_flashinfers_aot_modules_compile_through_ccache_when_asked(tmp_path: Path) -> None:
+    shipped = matrix.load(ROOT / "matrix.yaml")
+    target = next(t for t in shipped.targets if t.id == "vllm-0.19.0-cu129-sm121")
+    p = plan.plan_target(dataclasses.replace(target, flashinfer_aot=True), shipped.patch_folders, options(tmp_path))
+    text = next(s for s in p.stages if s.name == "flashinfer").rendered.dockerfile
+    assert 'FLASHINFER_CUDA_ARCH_LIST="12.1a"' in text and "/src/flashinfer/flashinfer-jit-cache" in text
+    # FlashInfer's ninja uses a compiler launcher only when told (flashinfer/jit/cpp_ext.py).
+    assert "FLASHINFER_NVCC_LAUNCHER=ccache FLASHINFER_CXX_LAUNCHER=ccache" in text
+    assert p.build_args()["CCACHE_MAXSIZE"] == "50G"  # the matrix's ccache_gb, out of every hash
 
 
 def test_no_secret_is_a_build_argument_and_caches_are_mounts(rendered: dict[str, list[Path]], tmp_path: Path) -> None:
@@ -252,7 +266,10 @@ def test_the_runtime_keeps_cuda_torch_and_carries_what_serving_compiles(rendered
     # ...CUDA's compiler and headers of the image's CUDA version, for FlashInfer and DeepGEMM...
     assert '"cuda-toolkit[nvcc,cccl,cudart,nvrtc,cublas,curand]==13.0.*"' in text and "ENV CUDA_HOME=/opt/sparkbuild/cuda" in text
     # ...vLLM's own requirements (torchvision, torchaudio, torchcodec at vLLM's pins), and multi-node serving.
-    assert "--requirement /wheels/vllm/vllm-requirements.txt" in text and '"ray[cgraph]>=2.48.0"' in text
+    assert "--requirement /tmp/dependencies.txt" in text and '"ray[cgraph]>=2.48.0"' in text
+    # Dependencies, FlashInfer and the vLLM wheel in layers of their own: a vLLM change rewrites its own.
+    assert "source=/wheels/vllm-requirements.txt,target=/tmp/vllm-requirements.txt" in text
+    assert "pip install --progress-bar off --no-deps --report /opt/sparkbuild/pip-report-vllm.json /wheels/vllm/*.whl" in text
     assert {"libibverbs1", "ibverbs-providers", "librdmacm1"} <= set(packages)
     assert "ENV CUDA_HOME=/opt/sparkbuild/cuda" in text and "TRITON_PTXAS_PATH=/opt/sparkbuild/bin/ptxas" in text
     assert "check_image.py --vllm-version 0.33.0" in text and "--torch 2.14.0 --cuda 13.0" in text
@@ -273,10 +290,13 @@ def test_serve_defaults_are_applied_by_the_entrypoint_and_shown_in_a_label(
     assert entrypoint == ["python3", "/opt/sparkbuild/serve_defaults.py", "/opt/sparkbuild/serve-defaults.json", "vllm", "serve"]
     assert not re.search(r"^CMD ", text, re.MULTILINE)  # a CMD would be replaced, not added to
     defaults = json.loads((folder / "serve-defaults.json").read_text())
-    assert defaults[:6] == ["--gpu-memory-utilization", "0.75", "--max-num-seqs", "16", "--max-model-len", "32768"]
-    assert json.loads(defaults[7]) == {"cudagraph_capture_sizes": [1, 2, 4, 5, 8, 10, 16]}
+    args = defaults["args"]
+    assert args[:6] == ["--gpu-memory-utilization", "0.75", "--max-num-seqs", "16", "--max-model-len", "-1"]
+    # vLLM's graph sizes for 16 sequences, plus 5 and 10; the entrypoint redoes them for the user's --max-num-seqs.
+    assert json.loads(args[7]) == {"cudagraph_capture_sizes": [1, 2, 4, 5, 8, 10, 16, 24, 32]}
+    assert defaults["cudagraph_extra_sizes"] == [5, 10]
     label = plans(tmp_path)["vllm-0.19.0-cu129-sm121"].labels["io.sparkbuild.serve"]
-    assert label.startswith("--gpu-memory-utilization 0.75 --max-num-seqs 16")
+    assert label.startswith("--gpu-memory-utilization 0.75 --max-num-seqs 16 --max-model-len -1")
 
 
 def test_labels_name_the_base_the_image_is_built_from(tmp_path: Path) -> None:

@@ -47,12 +47,39 @@ def rehearse(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def rehearsed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def shipped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """`sparkbuild rehearse --offline` of the shipped matrix as it is: every Spark target tried."""
     out = tmp_path_factory.mktemp("rehearse")
-    done = rehearse(out, "--only", TARGET)
+    done = rehearse(out)
+    # 0.19.0 cannot be rehearsed here (no stand-in for its CUDA 12.9 bases); that fails nothing.
     assert done.returncode == 0, done.stderr[-4000:]
-    (result,) = json.loads(done.stdout)
-    return {**result, "out": out}
+    return {"results": {r["target"]: r for r in json.loads(done.stdout)}, "out": out, "stderr": done.stderr}
+
+
+@pytest.fixture(scope="module")
+def rehearsed(shipped: dict[str, Any]) -> dict[str, Any]:
+    return {**shipped["results"][TARGET], "out": shipped["out"]}
+
+
+def test_a_target_this_machine_cannot_rehearse_is_reported_with_its_reason(shipped: dict[str, Any]) -> None:
+    older = shipped["results"]["vllm-0.19.0-cu129-sm121"]
+    assert older["status"] == "not rehearsable" and older["error"] is None and older["stages"] == []
+    assert "no stand-in for 'cuda-12.9-devel'" in older["not_rehearsable"]
+
+
+def test_the_report_lists_everything_the_rehearsal_swapped(rehearsed: dict[str, Any]) -> None:
+    swapped = "\n".join(rehearsed["swapped"])
+    assert "platform: linux/arm64 -> linux/amd64" in swapped or "platform: linux/arm64 -> linux/arm64" in swapped
+    devel = "base cuda-13.0-devel: nvidia/cuda:13.0.2-devel-ubuntu24.04 (Python 3.12, glibc 2.39) -> trixie-cuda-13.0-devel"
+    assert devel in swapped
+    assert "base cuda-13.0-runtime: " in swapped
+    assert "template vllm: the kernel compile -> preflight" in swapped
+    assert "template runtime: `flashinfer download-kernels` -> not run" in swapped
+    # CUTLASS: another version than the pinned one; every project vLLM's CMake clones, by name.
+    assert "source cutlass: v4.7.1 -> CUTLASS 4.5.0 headers from FlashInfer's sdist" in swapped
+    tree = sources.vllm_sdist("0.33.0", Options.from_env().cache)
+    for e in externals.scan(tree):
+        assert f"source {e.name}: {e.repo}" in swapped
 
 
 def test_every_stage_of_the_shipped_target_is_built(rehearsed: dict[str, Any]) -> None:
@@ -75,13 +102,24 @@ def test_the_audit_lists_every_unit_with_its_code_and_passes(rehearsed: dict[str
     # Family cubins for the FP4 kernels, plain sm_120 for the rest; Marlin only as PTX, JIT-compiled.
     assert units["csrc/quantization/fp4/nvfp4_quant_kernels.cu"]["codes"] == ["sm_120f"]
     assert units["csrc/quantization/marlin/marlin.cu"]["verdict"] == "ptx-only"
-    assert all(u["verdict"] in ("sass", "ptx-only") for u in units.values())
-    # The stand-ins are named, each with its variable, and nothing was cloned.
+    # flash-attention's stand-in: an FA2-like unit as PTX, an FA3-like one built for 9.0a only.
+    fa = "/src/externals/vllm-flash-attn/"
+    assert units[f"{fa}csrc/flash_attn/src/flash_fwd_stub.cu"]["verdict"] == "ptx-only"
+    assert units[f"{fa}hopper/instantiations/flash_fwd_stub_sm90.cu"] == {
+        "file": f"{fa}hopper/instantiations/flash_fwd_stub_sm90.cu",
+        "library": "_vllm_fa3_C",
+        "codes": [],
+        "verdict": "other-gpu",
+    }
+    assert audit["counts"]["other-gpu"] == 1
+    assert all(u["verdict"] in ("sass", "ptx-only", "other-gpu") for u in units.values())
+    # The stand-ins are named, each with the variable that handed it over, and nothing was cloned.
     tree = sources.vllm_sdist("0.33.0", Options.from_env().cache)
-    assert set(audit["stubbed"]) == {e.env for e in externals.scan(tree)} | {"VLLM_CUTLASS_SRC_DIR"}
+    handed = {e.env if e.handoff == "env" else f"FETCHCONTENT_SOURCE_DIR_{e.name.upper()}" for e in externals.scan(tree)}
+    assert set(audit["stubbed"]) == handed | {"VLLM_CUTLASS_SRC_DIR"}
     # Every source CMake would clone came from the source stage: FetchContent was disconnected.
     found = json.loads((rehearsed["out"] / TARGET / "preflight" / "preflight.json").read_text())
-    assert {k for k, v in found["src_dirs"].items() if v.startswith("/src/externals/")} == {e.env for e in externals.scan(tree)}
+    assert {k for k, v in found["src_dirs"].items() if v.startswith("/src/externals/")} == handed
     configure = (rehearsed["out"] / TARGET / "preflight" / "configure.log").read_text()
     assert "DeepGEMM using local DEEPGEMM_SRC_DIR: /src/externals/deepgemm" in configure
 
@@ -104,6 +142,24 @@ def test_the_runtime_image_checks_pass(rehearsed: dict[str, Any]) -> None:
     assert checks["companions"]["torchvision"].startswith("0.29.0")  # vLLM 0.33.0's own pin
     assert checks["multi_node"]["libibverbs.so.1"] == "loads" and checks["multi_node"]["ray"]
     assert checks["multi_node"]["nccl_h"].endswith("/nvidia/nccl/include")  # vLLM's NCCL allocator compiles against it
+    # Triton 3.8 compiles for sm_121 with its own ptxas-blackwell (CUDA 13.3), newer than CUDA 13.0's.
+    assert checks["triton_ptxas"] == {"arch": "sm_121a", "name": "triton ptxas-blackwell", "release": "13.3"}
+    assert checks["fastsafetensors"]["libnuma.so.1"] == "loads"
+
+
+def test_the_runtime_keeps_the_vllm_wheel_in_a_layer_of_its_own(rehearsed: dict[str, Any]) -> None:
+    """Dependencies, FlashInfer and vLLM in layers of their own: a vLLM change rewrites a small layer."""
+    history = subprocess.run(
+        ["docker", "history", "--no-trunc", "--format", "{{.Size}}\t{{.CreatedBy}}", rehearsed["image"]],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    sizes = {step: size for size, step in (line.split("\t", 1) for line in history.splitlines())}
+    vllm = next(size for step, size in sizes.items() if "--no-deps --report /opt/sparkbuild/pip-report-vllm.json" in step)
+    deps = next(size for step, size in sizes.items() if "pip-report-dependencies.json" in step)
+    assert vllm.endswith("MB") and float(vllm[:-2]) < 200, vllm  # the Python-only rehearsal wheel, unpacked
+    assert deps.endswith("GB") and float(deps[:-2]) > 5, deps  # torch, CUDA's wheels, every dependency
 
 
 def test_the_wheels_the_build_made_are_published_and_a_fresh_venv_installs_them(

@@ -43,7 +43,7 @@ def test_both_gencode_spellings_are_read() -> None:
         ("-gencode arch=compute_120a,code=sm_120a", "none"),  # arch-specific: sm_120 only
         ("-gencode arch=compute_100a,code=sm_100a", "none"),
         ("-gencode arch=compute_120a,code=compute_120a", "none"),  # arch-specific PTX: its own arch only
-        ("", "none"),
+        ("", "other-gpu"),  # alone in its library, which gets no code target at all: see below
     ],
 )
 def test_each_unit_is_judged_for_the_spark(flags: str, verdict: str) -> None:
@@ -70,7 +70,7 @@ def test_the_report_fails_naming_every_unit_with_no_code_for_the_gpu() -> None:
         configure_seconds=20.0,
         compile_seconds=0.0,
     )
-    assert report.counts() == {"sass": 1, "ptx-only": 1, "none": 2}
+    assert report.counts() == {"sass": 1, "ptx-only": 1, "none": 2, "other-gpu": 0}
     assert not report.ok
     with pytest.raises(BuildError, match=r"2 unit\(s\) cannot serve sm_121: csrc/a.cu \(sm_120a\); csrc/b.cu"):
         report.require()
@@ -111,3 +111,33 @@ def test_the_toolchain_check_reads_the_minimum_from_vllms_own_cmakelists(tmp_pat
     )
     assert done.returncode == 1
     assert "vLLM's CMakeLists.txt needs GCC >= 99" in done.stderr and "Debian trixie: 14" in done.stderr
+
+
+def test_a_library_built_only_for_other_gpus_is_listed_apart_and_a_lost_unit_still_fails() -> None:
+    """flash-attention's FA3 is built for 9.0a only: with TORCH_CUDA_ARCH_LIST=12.1a its arch list is
+    empty and none of its units gets a code target (vLLM 0.33.0's configure with FA's source: 192
+    units). Not a defect; compiled for nothing. A unit without code among units with code is one
+    that lost its arch: it still fails."""
+    fa3 = [entry(f"hopper/instantiations/k{i}_sm90.cu", "-O3", "_vllm_fa3_C") for i in range(3)]
+    commands = [
+        entry("csrc/ok.cu", "-gencode arch=compute_120f,code=sm_120f"),
+        entry("csrc/lost.cu", "-O3"),
+        *fa3,
+    ]
+    units = preflight.audit(commands, SPARK, "/src/vllm")
+    verdicts = {u.file: u.verdict for u in units}
+    assert verdicts["csrc/lost.cu"] == "none"
+    assert [verdicts[f"hopper/instantiations/k{i}_sm90.cu"] for i in range(3)] == ["other-gpu"] * 3
+    report = preflight.Report(
+        target="t",
+        device=SPARK,
+        units=units,
+        compiled=(),
+        stubbed=(),
+        changed_files=(),
+        configure_seconds=0.0,
+        compile_seconds=0.0,
+    )
+    assert [u.file for u in report.failing_units] == ["csrc/lost.cu"]
+    assert "_vllm_fa3_C: 3 unit(s) built for other GPUs only" in report.text()
+    assert report.counts()["other-gpu"] == 3
