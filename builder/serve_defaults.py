@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -132,6 +133,25 @@ def read_defaults(path: Path) -> tuple[list[str], list[int]]:
     return [str(a) for a in data.get("args", [])], [int(s) for s in data.get("cudagraph_extra_sizes", [])]
 
 
+# What vLLM's shared-memory message queues between its processes take in /dev/shm (seen: 160 to 240
+# MiB with vLLM 0.32); Docker gives a container 64 MiB unless told otherwise.
+SHM_NEEDED_MIB = 256
+
+
+def shm_warning(path: Path = Path("/dev/shm")) -> str | None:  # noqa: S108 - the shared memory vLLM uses, read only
+    """A warning, at once, where /dev/shm is too small for vLLM: else it fails minutes later, when its
+    engine starts, with "Insufficient space in /dev/shm"."""
+    if not path.is_dir():
+        return None
+    free = shutil.disk_usage(path).free >> 20
+    if free >= SHM_NEEDED_MIB:
+        return None
+    return (
+        f"WARNING: /dev/shm has {free} MiB free; vLLM's engine needs about {SHM_NEEDED_MIB} MiB there and will fail "
+        "to start: run the container with --ipc=host (as `sparkbuild run` does) or --shm-size 1g"
+    )
+
+
 def main(argv: list[str]) -> None:
     if len(argv) < 2:
         print("usage: serve_defaults.py DEFAULTS.json COMMAND... [ARGS...]", file=sys.stderr)
@@ -143,6 +163,9 @@ def main(argv: list[str]) -> None:
     # The image's own graph sizes are replaced by ones that follow the max_num_seqs in effect.
     without_graphs = _drop_option(defaults, "--compilation-config") if extra else defaults
     full = [*program, *with_graph_sizes(merge(without_graphs, user), user, extra)]
+    warning = shm_warning()
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     print("+ " + " ".join(full), file=sys.stderr, flush=True)
     os.execvp(full[0], full)  # noqa: S606 - the image's own server, with the user's arguments as a list
 

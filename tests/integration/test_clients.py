@@ -86,3 +86,11 @@ def test_a_check_the_cpu_image_cannot_serve_is_skipped_before_any_server_starts(
     written = json.loads((tmp_path / "verify.json").read_text())
     assert written["ok"] is False and written["skipped"] == found.skipped["moe-nvfp4"]
     assert verify.passed(tmp_path / "verify.json", local_image)  # publish may go on: nothing was proven wrong
+
+
+def test_the_image_says_at_once_when_dev_shm_is_too_small(engine: Engine, local_image: str) -> None:
+    """Docker's default /dev/shm (64 MiB) is too small for vLLM's engine, which fails minutes into its
+    start; the image's entrypoint says so before it starts vLLM, naming what to pass."""
+    entry = "python3 /opt/sparkbuild/serve_defaults.py /opt/sparkbuild/serve-defaults.json true 2>&1"
+    said = engine.output(local_image, ["sh", "-c", entry])
+    assert "/dev/shm has 6" in said and "--ipc=host" in said and "--shm-size 1g" in said, said
