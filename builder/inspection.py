@@ -9,7 +9,8 @@ from typing import Any
 
 from builder import attest, provenance, referrers, sbom, wheels
 from builder.errors import ConfigError, PublishError
-from builder.registry import Registry, check_address
+from builder.net import check_address
+from builder.registry import Registry
 
 
 def parse_image(image: str, registry: str | None) -> tuple[str, str, str]:

@@ -6,32 +6,30 @@ import datetime as dt
 import math
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal, get_args
 
 import yaml
 
-from builder import buildcache
 from builder.errors import ConfigError
+from builder.net import check_address
 
-if TYPE_CHECKING:  # the registry client loads requests and tenacity: only runs that talk to one need them
-    from builder.registry import Limits
-    from builder.sign import Signer
-
-
-def _no_signer() -> Signer:
-    from builder.sign import Signer
-
-    return Signer(mode="none", why="not signed (SPARKBUILD_SIGN=off)")
-
-
-def _default_limits() -> Limits:
-    from builder.registry import default_limits
-
-    return default_limits()
+GIB = 1024**3
+# BuildKit's cache across runners (builder/buildcache.py): SPARKBUILD_BUILD_CACHE.
+BuildCacheSetting = Literal["auto", "registry", "inline", "off"]
+BUILD_CACHE_SETTINGS: tuple[BuildCacheSetting, ...] = get_args(BuildCacheSetting)
+# Who signs a published digest (builder/sign.py): SPARKBUILD_SIGN.
+SignSetting = Literal["auto", "key", "keyless", "off"]
+SIGN_SETTINGS: tuple[SignSetting, ...] = get_args(SignSetting)
+COSIGN_KEY = "SPARKBUILD_COSIGN_KEY"
+UNSIGNED = (
+    "not signed: no signer configured. Set SPARKBUILD_COSIGN_KEY and COSIGN_PASSWORD (a cosign key pair), "
+    "or SPARKBUILD_SIGN=keyless on a GitHub runner with id-token: write; SPARKBUILD_SIGN=off says it is meant"
+)
 
 
 @cache
@@ -48,6 +46,77 @@ def default_cache() -> Path:
 
 def today() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y%m%d")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """How hard to try against a registry (``defaults.yaml`` ``registry:``; the push limits also from the environment)."""
+
+    attempts: int
+    backoff_initial_s: float
+    backoff_max_s: float
+    retry_after_max_s: float
+    give_up_after_s: float
+    timeout_s: float
+    push_attempts: int
+    push_stall_s: float
+    push_deadline_s: float
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], **overrides: Any) -> Limits:
+        values = {**{k: data[k] for k in cls.__dataclass_fields__}, **overrides}
+        return cls(**values)
+
+
+def default_limits() -> Limits:
+    return Limits.from_mapping(defaults()["registry"])
+
+
+@dataclass(frozen=True, kw_only=True)
+class Signer:
+    """Who signs a published digest with cosign (``SPARKBUILD_SIGN``); builder/sign.py signs and checks."""
+
+    mode: Literal["key", "keyless", "none"]
+    # Why there is none ("off" asked for, or nothing configured): said with every image.
+    why: str = ""
+    tlog: bool = True
+    identity: str = ""
+
+    @classmethod
+    def from_env(cls, setting: str, env: Mapping[str, str]) -> Signer:
+        if setting not in SIGN_SETTINGS:
+            raise ConfigError(f"SPARKBUILD_SIGN={setting!r}: expected one of {', '.join(SIGN_SETTINGS)}")
+        tlog = _flag("SPARKBUILD_COSIGN_TLOG", env.get("SPARKBUILD_COSIGN_TLOG", "1"))
+        if setting == "off":
+            return cls(mode="none", why="not signed (SPARKBUILD_SIGN=off)")
+        if setting == "keyless":
+            repository = env.get("GITHUB_REPOSITORY", "")
+            identity = env.get("SPARKBUILD_SIGN_IDENTITY") or (f"^https://github.com/{repository}/" if repository else "")
+            if not identity:
+                raise ConfigError("SPARKBUILD_SIGN=keyless: set SPARKBUILD_SIGN_IDENTITY (the signer's identity, a regex)")
+            return cls(mode="keyless", identity=identity)
+        if env.get(COSIGN_KEY):
+            return cls(mode="key", tlog=tlog)
+        if setting == "key":
+            raise ConfigError(f"SPARKBUILD_SIGN=key: set {COSIGN_KEY} (a cosign private key) and COSIGN_PASSWORD")
+        return cls(mode="none", why=UNSIGNED)
+
+    def describe(self) -> str:
+        """The summary row's word for what was done."""
+        return {"key": "cosign (key)", "keyless": "cosign (keyless)", "none": "unsigned"}[self.mode]
+
+
+def _no_signer() -> Signer:
+    return Signer(mode="none", why="not signed (SPARKBUILD_SIGN=off)")
+
+
+def host_resources() -> tuple[int, int]:
+    """(available memory in bytes, usable cores) of this machine, where BuildKit runs the compile."""
+    meminfo = Path("/proc/meminfo")
+    lines = meminfo.read_text(encoding="ascii").splitlines() if meminfo.is_file() else []
+    found = [int(line.split()[1]) * 1024 for line in lines if line.startswith("MemAvailable:")]
+    available = found[0] if found else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return available, len(os.sched_getaffinity(0))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,13 +139,13 @@ class Options:
     build_memory: int = 0
     build_cores: int = 1
     # How hard to try against the registry (defaults.yaml `registry:`, push limits from the environment).
-    registry_limits: Limits = field(default_factory=_default_limits)
+    registry_limits: Limits = field(default_factory=default_limits)
     # Token services on other hosts that may receive the registry's credentials.
     token_realms: tuple[str, ...] = ()
     # Wait for another run holding the cache's run lock (False: --no-wait).
     wait: bool = True
     # BuildKit's cache across runners (builder/buildcache.py): auto, registry, inline or off.
-    build_cache: buildcache.Setting = "auto"
+    build_cache: BuildCacheSetting = "auto"
     # Who signs a published digest before its readable tags move (builder/sign.py: SPARKBUILD_SIGN).
     signer: Signer = field(default_factory=_no_signer)
 
@@ -86,16 +155,12 @@ class Options:
 
         Every value is checked here; a bad one is a ConfigError naming the variable or option.
         """
-        from builder import toolchain  # toolchain imports the matrix module: only planning needs it
-        from builder.registry import Limits, check_address
-        from builder.sign import Signer
-
         d = defaults()["options"]
         env = os.environ
         ca = env.get("SPARKBUILD_CA_BUNDLE", d["ca_bundle"])
-        memory, cores = toolchain.host_resources()
+        memory, cores = host_resources()
         if env.get("SPARKBUILD_BUILD_MEMORY_GB"):
-            memory = int(_positive_number("SPARKBUILD_BUILD_MEMORY_GB", env["SPARKBUILD_BUILD_MEMORY_GB"], "GB") * toolchain.GIB)
+            memory = int(_positive_number("SPARKBUILD_BUILD_MEMORY_GB", env["SPARKBUILD_BUILD_MEMORY_GB"], "GB") * GIB)
         if env.get("SPARKBUILD_BUILD_CORES"):
             cores = _positive_int("SPARKBUILD_BUILD_CORES", env["SPARKBUILD_BUILD_CORES"])
         limits = {
@@ -118,7 +183,7 @@ class Options:
             "build_cores": cores,
             "registry_limits": Limits.from_mapping(defaults()["registry"], **limits),
             "token_realms": _hosts("SPARKBUILD_TOKEN_REALMS", env.get("SPARKBUILD_TOKEN_REALMS", "")),
-            "build_cache": buildcache.check_setting("SPARKBUILD_BUILD_CACHE", env.get("SPARKBUILD_BUILD_CACHE") or "auto"),
+            "build_cache": _build_cache("SPARKBUILD_BUILD_CACHE", env.get("SPARKBUILD_BUILD_CACHE") or "auto"),
             "signer": Signer.from_env(env.get("SPARKBUILD_SIGN") or "auto", env),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
@@ -170,3 +235,17 @@ def _check_date(date: str) -> None:
         valid = False
     if not valid:
         raise ConfigError(f"date {date!r} (--date or SPARKBUILD_DATE): expected YYYYMMDD, like {today()}")
+
+
+def _build_cache(name: str, text: str) -> BuildCacheSetting:
+    """``SPARKBUILD_BUILD_CACHE``'s value, or a ConfigError naming it."""
+    for setting in BUILD_CACHE_SETTINGS:
+        if text.strip().lower() == setting:
+            return setting
+    raise ConfigError(f"{name}={text!r}: expected one of {', '.join(BUILD_CACHE_SETTINGS)}; or unset it (auto)")
+
+
+def _flag(name: str, text: str) -> bool:
+    if text not in ("0", "1"):
+        raise ConfigError(f"{name}={text!r}: expected 1 or 0")
+    return text == "1"

@@ -20,7 +20,7 @@ from typing import Any
 import docker.errors
 import pytest
 
-from builder import attest, benchmark, kernelpath, pipeline, plan, provenance, publish, referrers, sbom, verify
+from builder import attest, benchmark, kernelpath, pipeline, plan, provenance, publish, push, referrers, sbom, verify
 from builder.engine import Engine
 from builder.errors import PublishError
 from builder.options import Options
@@ -194,7 +194,7 @@ def test_a_failed_attach_fails_the_publish_and_moves_no_readable_tag(
 ) -> None:
     repo = spark_plan.repository
     engine.tag(image, f"{registry.host}/{repo}", spark_plan.content_tag)
-    digest = publish.push_image(engine, registry, f"{registry.host}/{repo}", spark_plan.content_tag)
+    digest = push.push_image(engine, registry, f"{registry.host}/{repo}", spark_plan.content_tag)
     # Something else under the image's referrers tag: not an index sparkbuild can add to.
     registry.put_tag(repo, referrers.fallback_tag(digest), *registry.manifest(repo, digest))
     evidence = evidence_in(tmp_path, image, spark_plan)

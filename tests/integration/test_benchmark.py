@@ -20,9 +20,10 @@ from builder import baseline, benchmark, benchreport, build, model, pipeline, pl
 from builder.benchmark import Benchmark
 from builder.engine import Engine
 from builder.matrix import Check
+from builder.net import free_port
 from builder.options import Options
 from builder.publish import last_good_tag
-from builder.registry import Registry, free_port
+from builder.registry import Registry
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.docker

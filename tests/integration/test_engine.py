@@ -11,7 +11,8 @@ from pathlib import Path
 import docker.errors
 import pytest
 
-from builder.engine import Engine, find_build_cli
+from builder.buildkit import find_build_cli
+from builder.engine import Engine
 from builder.errors import BuildError
 
 pytestmark = pytest.mark.docker

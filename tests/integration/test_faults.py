@@ -26,9 +26,9 @@ import pytest
 from builder import plan, publish
 from builder.engine import Engine
 from builder.errors import PublishError
-from builder.options import Options
+from builder.options import Limits, Options, default_limits
 from builder.plan import TargetPlan
-from builder.registry import Limits, Registry, default_limits, embedded
+from builder.registry import Registry, embedded
 from tests.conftest import CHECKS, ROOT
 from tests.faults import FaultProxy, Rule, wait_for
 

@@ -23,8 +23,8 @@ import pytest
 from builder import build, matrix, model, plan, verify
 from builder.engine import Engine
 from builder.errors import VerifyError
+from builder.net import free_port
 from builder.options import Options
-from builder.registry import free_port
 from tests.conftest import ROOT
 from tests.unit.cli_runner import sparkbuild
 

@@ -23,8 +23,8 @@ from builder import build, model, plan, verify
 from builder.engine import Engine
 from builder.errors import VerifyError
 from builder.moe.recipe import PROMPT
+from builder.net import free_port
 from builder.options import Options
-from builder.registry import free_port
 from tests.conftest import ROOT
 
 pytestmark = [

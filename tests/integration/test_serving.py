@@ -16,8 +16,8 @@ from builder import build, model, plan, verify
 from builder import engine as engine_mod
 from builder.engine import Engine
 from builder.errors import EngineError
+from builder.net import free_port
 from builder.options import Options
-from builder.registry import free_port
 from tests.conftest import ROOT, quick_checks, run_sparkbuild
 
 pytestmark = pytest.mark.docker

@@ -18,9 +18,8 @@ import pytest
 from builder import plan, publish
 from builder.engine import Engine
 from builder.errors import PublishError
-from builder.options import Options
+from builder.options import Options, Signer
 from builder.registry import Registry
-from builder.sign import Signer
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.docker

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from packaging.utils import parse_wheel_filename
 
-from builder import externals, matrix, plan, publish, sources, wheels
+from builder import externals, matrix, plan, push, sources, wheels
 from builder.engine import Engine
 from builder.options import Options
 from builder.registry import Registry
@@ -128,7 +128,7 @@ def test_the_wheels_the_build_made_are_published_and_a_fresh_venv_installs_them(
     repository = "sparkbuild-test/wheels"
     engine.tag(base, f"{registry.host}/{repository}", "subject")
     try:
-        digest = publish.push_image(engine, registry, f"{registry.host}/{repository}", "subject")
+        digest = push.push_image(engine, registry, f"{registry.host}/{repository}", "subject")
     finally:
         engine.client.images.remove(f"{registry.host}/{repository}:subject")
     wheels.attach(registry, repository, digest, collected)

@@ -8,7 +8,7 @@ import pytest
 
 from builder import checkmodel, matrix
 from builder.errors import ConfigError, VerifyError
-from builder.registry import free_port
+from builder.net import free_port
 from builder.verify import Answer
 from tests.conftest import MatrixWriter
 
