@@ -9,12 +9,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 import yaml
 
+from builder import packaged
 from builder.errors import ConfigError
 from builder.net import check_address
 
@@ -34,7 +34,7 @@ UNSIGNED = (
 
 @cache
 def defaults() -> dict[str, Any]:
-    text = (resources.files("builder") / "resources" / "defaults.yaml").read_text(encoding="utf-8")
+    text = packaged.resource("defaults.yaml").read_text(encoding="utf-8")
     data: dict[str, Any] = yaml.safe_load(text)
     return data
 

@@ -18,7 +18,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder import __version__, base_image, fsutil, lock, matrix, patch, project, render, toolchain
+from builder import (
+    __version__,
+    base_image,
+    cuda_layout,
+    fsutil,
+    lock,
+    matrix,
+    patch,
+    project,
+    render,
+    serve_defaults,
+    toolchain,
+    vllm_setup,
+)
 from builder.errors import ConfigError
 from builder.matrix import Target
 from builder.options import Options, defaults
@@ -33,7 +46,8 @@ STAGE_REPOSITORY = "sparkbuild/stages"
 # The first CUDA major whose PyPI wheels carry nvcc (the runtime's JIT compiler comes from PyPI from it on).
 JIT_WHEELS_FROM = 13
 # sparkbuild modules a stage runs as scripts inside the image.
-IMAGE_SCRIPTS = ("cuda_layout.py", "serve_defaults.py", "vllm_setup.py")
+# Standalone scripts of sparkbuild's that run in the image (standard library only), by context name.
+IMAGE_SCRIPTS = {"cuda_layout.py": cuda_layout, "serve_defaults.py": serve_defaults, "vllm_setup.py": vllm_setup}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -340,11 +354,9 @@ def resources(target: Target, patch_folders: Mapping[str, Path]) -> dict[str, re
     for name in target.patches:
         folder = patch_folders[name]
         patch_files += [(f"patches/{name}/{f.relative_to(folder)}", f.read_bytes()) for f in fsutil.files(folder)]
-    package = Path(__file__).resolve().parent
     # The patch engine as a source stage runs it: the modules builder.patch.bundle derives.
     engine = [(f"sparkbuild/{path}", data) for path, data in patch_bundle.files()]
-    # Standalone scripts of sparkbuild's that run in the image (standard library only).
-    scripts = {name: ((name, (package / name).read_bytes()),) for name in IMAGE_SCRIPTS}
+    scripts = {name: ((name, Path(str(module.__file__)).read_bytes()),) for name, module in IMAGE_SCRIPTS.items()}
     serve = json.dumps(list(target.serve.command())).encode()
     return {
         "patches": tuple(patch_files),
