@@ -6,14 +6,13 @@ the docker SDK: ``plan`` shows the build cache each builder gets without loading
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import cmd, log
+from builder import cmd, log, options
 from builder.errors import EngineError
 
 # buildx drivers whose BuildKit can export a cache to a registry (the docker driver cannot).
@@ -52,7 +51,7 @@ class BuildCli:
 
 def find_build_cli(candidates: Sequence[str] | None = None) -> BuildCli:
     """The first docker CLI that can drive BuildKit; ``SPARKBUILD_DOCKER_CLI`` picks one."""
-    chosen = os.environ.get("SPARKBUILD_DOCKER_CLI")
+    chosen = options.env("SPARKBUILD_DOCKER_CLI")
     names = [chosen] if chosen else list(candidates or (shutil.which("docker") or "", "/usr/bin/docker"))
     tried = []
     for name in dict.fromkeys(n for n in names if n):

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, get_args, overload
 
 import yaml
 
@@ -32,6 +32,76 @@ UNSIGNED = (
 )
 
 
+# Every environment variable sparkbuild reads, with what it means: the one declaration. Options.from_env
+# reads the run's options; every other read goes through env() below, except in the modules options
+# stands on (log) and in code that runs inside images (the patch engine, the image scripts), which
+# read their variable themselves. docs/configuration.md lists exactly these (a test holds the two,
+# and every read in the code, to this table).
+VARIABLES: dict[str, str] = {
+    "SPARKBUILD_REGISTRY": "`host:port` of the registry; unset: an embedded Debian `docker-registry` on 127.0.0.1, "
+    "data in the cache",
+    "SPARKBUILD_REGISTRY_USER": "basic auth user for that registry",
+    "SPARKBUILD_REGISTRY_PASSWORD": "basic auth password for that registry",
+    "SPARKBUILD_CACHE": "models, build contexts, embedded registry data (default `~/.cache/sparkbuild`)",
+    "SPARKBUILD_OUT": "build logs, verify results, `summary.json` (default `./sparkbuild-out`)",
+    "SPARKBUILD_DATE": "the date in readable tags (default: today, UTC)",
+    "SPARKBUILD_CA_BUNDLE": "CA bundle given to pip in builds as a BuildKit secret, never in a layer",
+    "SPARKBUILD_PYPI_SIMPLE": "PEP 503 index for sdists (default `https://pypi.org/simple/`)",
+    "SPARKBUILD_TORCH_CPU_INDEX": "PyTorch's CPU index, for `torch_index: auto` on the local profile where no `find-links` "
+    "folder holds the wheel (default: `defaults.yaml` `options:`)",
+    "SPARKBUILD_MATRIX": "the matrix file (default `./matrix.yaml`)",
+    "SPARKBUILD_SIGN": "who signs a published digest: `auto` (default: `key` where `SPARKBUILD_COSIGN_KEY` is set, "
+    "else none, said), `key`, `keyless`, `off`",
+    "SPARKBUILD_COSIGN_KEY": "the cosign private key (PEM); its password in `COSIGN_PASSWORD`, which cosign reads",
+    "SPARKBUILD_COSIGN_PUB": "the public key the signature check uses (default: the private key's public half)",
+    "SPARKBUILD_COSIGN_TLOG": "`0`: no transparency log (a registry that stays internal); default `1`",
+    "SPARKBUILD_SIGN_IDENTITY": "keyless: the certificate identity the check requires "
+    "(default `^https://github.com/$GITHUB_REPOSITORY/`)",
+    "SPARKBUILD_DOCKERFILES": "the one folder of profiles to use (default: `dockerfiles/` beside the matrix, "
+    "then the packaged one, per profile)",
+    "SPARKBUILD_PATCHES": "the patches folder of `sparkbuild patch` (default: `./patches`, then the packaged set); "
+    "a matrix names its own with `patches_dir:`",
+    "SPARKBUILD_LOCK": "lock file written by `resolve` and read by every command (default: `<matrix>.lock.json`)",
+    "SPARKBUILD_DOCKER_CLI": "docker CLI for builds (default: the first with buildx, or a pre-23 client with BuildKit)",
+    "SPARKBUILD_BUILD_CACHE": "BuildKit's cache across runners: `auto` (default: registry cache with a buildx builder "
+    "that exports one, else inline), `registry`, `inline` or `off`",
+    "SPARKBUILD_BUILD_MEMORY_GB": "the memory the compile may use (default: this machine's available memory)",
+    "SPARKBUILD_BUILD_CORES": "the cores the compile may use (default: this machine's)",
+    "SPARKBUILD_PUSH_STALL_S": "seconds without push progress before a push fails (default: `defaults.yaml` `registry:`)",
+    "SPARKBUILD_PUSH_DEADLINE_S": "seconds a whole push may take (default: `defaults.yaml` `registry:`)",
+    "SPARKBUILD_TOKEN_REALMS": "token-service hosts (`HOST` or `HOST:PORT`, comma-separated) that may receive "
+    "the registry's credentials",
+    "SPARKBUILD_CUOBJDUMP": "the cuobjdump that `check-binary` and preflight run (default: the PATH's, "
+    "then PyPI's `nvidia-cuda-cuobjdump` in sparkbuild's environment)",
+}
+# Set by others (the CI, pip, the Hub client, the desktop), read by sparkbuild; also declared once.
+READ_FROM_OTHERS: dict[str, str] = {
+    "XDG_CACHE_HOME": "the cache's parent folder (default `~/.cache`)",
+    "GITHUB_ACTIONS": "`true` on GitHub Actions: log groups and the step summary",
+    "GITHUB_STEP_SUMMARY": "the file GitHub Actions shows as the step summary; the lane's table is added to it",
+    "GITHUB_SERVER_URL": "GitHub Actions: the run's link in the summary and the provenance",
+    "GITHUB_REPOSITORY": "GitHub Actions: the run's link, the provenance, and keyless signing's default identity",
+    "GITHUB_RUN_ID": "GitHub Actions: the run's link in the summary and the provenance",
+    "GITHUB_RUN_ATTEMPT": "GitHub Actions: the run's attempt in the provenance",
+    "GITHUB_SHA": "GitHub Actions: sparkbuild's own commit in the provenance (else `git rev-parse`)",
+    "PIP_FIND_LINKS": "pip's find-links folders, where `torch_index: auto` looks for a local torch wheel",
+    "PIP_CONFIG_FILE": "pip's configuration file, read for its `find-links` the same way",
+    "HF_TOKEN": "the Hub token a check's hub model is fetched with; read by huggingface_hub, never shown",
+    "HF_ENDPOINT": "a team's mirror of the Hugging Face Hub",
+}
+
+
+@overload
+def env(name: str) -> str | None: ...
+@overload
+def env(name: str, default: str) -> str: ...
+def env(name: str, default: str | None = None) -> str | None:
+    """A declared variable's value (``os.environ.get``); an undeclared name is a bug in sparkbuild."""
+    if name not in VARIABLES and name not in READ_FROM_OTHERS:
+        raise KeyError(f"{name} is read but not declared in builder/options.py VARIABLES")
+    return os.environ.get(name, default)
+
+
 @cache
 def defaults() -> dict[str, Any]:
     text = packaged.resource("defaults.yaml").read_text(encoding="utf-8")
@@ -40,7 +110,7 @@ def defaults() -> dict[str, Any]:
 
 
 def default_cache() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    base = env("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "sparkbuild"
 
 
@@ -95,7 +165,7 @@ class Signer:
             if not identity:
                 raise ConfigError("SPARKBUILD_SIGN=keyless: set SPARKBUILD_SIGN_IDENTITY (the signer's identity, a regex)")
             return cls(mode="keyless", identity=identity)
-        if env.get(COSIGN_KEY):
+        if env.get("SPARKBUILD_COSIGN_KEY"):
             return cls(mode="key", tlog=tlog)
         if setting == "key":
             raise ConfigError(f"SPARKBUILD_SIGN=key: set {COSIGN_KEY} (a cosign private key) and COSIGN_PASSWORD")
@@ -163,11 +233,8 @@ class Options:
             memory = int(_positive_number("SPARKBUILD_BUILD_MEMORY_GB", env["SPARKBUILD_BUILD_MEMORY_GB"], "GB") * GIB)
         if env.get("SPARKBUILD_BUILD_CORES"):
             cores = _positive_int("SPARKBUILD_BUILD_CORES", env["SPARKBUILD_BUILD_CORES"])
-        limits = {
-            key: _positive_number(f"SPARKBUILD_{key.upper()}", env[f"SPARKBUILD_{key.upper()}"], "seconds")
-            for key in ("push_stall_s", "push_deadline_s")
-            if env.get(f"SPARKBUILD_{key.upper()}")
-        }
+        pushes = {"push_stall_s": env.get("SPARKBUILD_PUSH_STALL_S"), "push_deadline_s": env.get("SPARKBUILD_PUSH_DEADLINE_S")}
+        limits = {key: _positive_number(f"SPARKBUILD_{key.upper()}", text, "seconds") for key, text in pushes.items() if text}
         values: dict[str, Any] = {
             # Like cibuildwheel's pyproject.toml: the project's own file, where the command runs.
             "matrix": _path("SPARKBUILD_MATRIX", env.get("SPARKBUILD_MATRIX"), Path.cwd() / "matrix.yaml"),

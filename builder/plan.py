@@ -11,7 +11,6 @@ import configparser
 import fnmatch
 import hashlib
 import json
-import os
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ from builder import (
 )
 from builder.errors import ConfigError
 from builder.matrix import Target
-from builder.options import Options, defaults
+from builder.options import Options, defaults, env
 from builder.patch import bundle as patch_bundle
 
 # Bump when the meaning of the inputs changes, so every tag moves once.
@@ -455,9 +454,9 @@ def _find_wheel(folder: Path, version: str, platform: str) -> Path | None:
 
 def _pip_find_links() -> list[Path]:
     """``find-links`` folders from PIP_FIND_LINKS and pip's configuration files."""
-    values = os.environ.get("PIP_FIND_LINKS", "").split()
+    values = env("PIP_FIND_LINKS", "").split()
     files = [
-        os.environ.get("PIP_CONFIG_FILE", ""),
+        env("PIP_CONFIG_FILE", ""),
         "/etc/pip.conf",
         "/etc/xdg/pip/pip.conf",
         str(Path.home() / ".config/pip/pip.conf"),

@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import email.utils
 import hashlib
-import os
 import re
 import shutil
 import signal
@@ -30,7 +29,7 @@ from urllib.parse import urljoin, urlsplit
 import requests
 import tenacity
 
-from builder import __version__, cmd, fsutil, log, runlock, signals
+from builder import __version__, cmd, fsutil, log, options, runlock, signals
 from builder.errors import EngineError, PublishError, ToolMissingError
 from builder.net import check_address, free_port, is_loopback
 from builder.options import Limits, default_limits
@@ -149,8 +148,8 @@ class Registry:
         host = check_address(address)
         return cls(
             host,
-            os.environ.get("SPARKBUILD_REGISTRY_USER"),
-            os.environ.get("SPARKBUILD_REGISTRY_PASSWORD"),
+            options.env("SPARKBUILD_REGISTRY_USER"),
+            options.env("SPARKBUILD_REGISTRY_PASSWORD"),
             limits or default_limits(),
             token_hosts,
         )

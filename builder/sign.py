@@ -19,17 +19,15 @@ before any readable tag moves.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
-from builder import cmd, log
+from builder import cmd, log, options
 from builder.errors import PublishError, ToolMissingError
 from builder.net import is_loopback
 from builder.options import COSIGN_KEY, Signer
 
-PUB_ENV = "SPARKBUILD_COSIGN_PUB"
 GITHUB_ISSUER = "https://token.actions.githubusercontent.com"
 
 
@@ -91,8 +89,9 @@ def ensure_signed(signer: Signer, reference: str, host: str) -> str:
 def _public_key(work: Path) -> Path:
     """``SPARKBUILD_COSIGN_PUB``, or the public half of the private key."""
     path = work / "cosign.pub"
-    if os.environ.get(PUB_ENV):
-        path.write_text(os.environ[PUB_ENV])
+    public = options.env("SPARKBUILD_COSIGN_PUB")
+    if public:
+        path.write_text(public)
         return path
     derived = _cosign([cosign(), "public-key", "--key", f"env://{COSIGN_KEY}"], "the key", "reading the public key of")
     path.write_text(derived)
