@@ -3,61 +3,19 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
 from urllib.parse import urljoin
 
 import pytest
 import requests
-import yaml
 
-from builder import base_image, gitrepo, matrix, options
+from builder import base_image, matrix, options
 from builder.engine import Engine
 from builder.registry import Registry, embedded
-
-ROOT = Path(__file__).resolve().parent.parent
-
-CHECKS = """\
-checks:
-  alphabet:
-    model: alphabet
-    prompts:
-      - {name: completion, api: completions, prompt: "c d e f", expect: " g h i j", max_tokens: 4}
-bases:
-  deb:
-    debootstrap: {suite: bookworm, mirror: "http://deb.debian.org/debian", include: [python3]}
-"""
-
-
-PATCH_YAML = """\
-summary: test patch {name}
-why: a patch folder for the matrix tests
-component: vllm
-versions: ">=0.1"
-upstream: {{links: []}}
-change: {{diff: fix.diff}}
-"""
-
-
-def quick_checks(path: Path) -> Path:
-    """Rewrite the matrix at ``path`` so that each check's benchmark runs one level once.
-
-    For the tests whose subject is a lane, an installed tool or a report, not the speed: the README's
-    main job (tests/integration/test_nightly.py) runs the shipped checks in full, and
-    tests/integration/test_benchmark.py measures the benchmark itself."""
-    data = yaml.safe_load(path.read_text())
-    for check in data["checks"].values():
-        check.update(concurrency=[1], bench_repeats=1)
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
-
-
-class MatrixWriter(Protocol):
-    def __call__(self, body: str, with_checks: bool = True) -> Path: ...
+from tests.support import ROOT
+from tests.support import matrix as support_matrix
+from tests.support.matrix import MatrixWriter
 
 
 @pytest.fixture
@@ -65,14 +23,7 @@ def write_matrix(tmp_path: Path) -> MatrixWriter:
     """Write a matrix (checks and bases are prepended unless given) with a patches/ folder beside it."""
 
     def write(body: str, with_checks: bool = True) -> Path:
-        for name, diff in (("one", "--- a\n+++ b\n"), ("two", "two\n")):
-            (tmp_path / "patches" / name).mkdir(parents=True, exist_ok=True)
-            (tmp_path / "patches" / name / "fix.diff").write_text(diff)
-            (tmp_path / "patches" / name / "patch.yaml").write_text(PATCH_YAML.format(name=name))
-        text = (CHECKS if with_checks else "") + textwrap.dedent(body)
-        path = tmp_path / "matrix.yaml"
-        path.write_text(text)
-        return path
+        return support_matrix.write(tmp_path, body, with_checks)
 
     return write
 
@@ -142,32 +93,3 @@ def registry(tmp_path: Path) -> Iterator[Registry]:
     """A real registry (Debian's docker-registry) on 127.0.0.1 for one test."""
     with embedded(tmp_path / "registry") as reg:
         yield reg
-
-
-# --- real git repositories and the sparkbuild command, for tests that need them ------------------
-
-GIT_ENV = {
-    "GIT_AUTHOR_NAME": "Upstream Dev",
-    "GIT_AUTHOR_EMAIL": "dev@example.invalid",
-    "GIT_COMMITTER_NAME": "Upstream Dev",
-    "GIT_COMMITTER_EMAIL": "dev@example.invalid",
-    "PATH": "/usr/bin:/bin",
-}
-
-
-def git(*args: str | Path, cwd: Path) -> str:
-    result = subprocess.run(["git", *map(str, args)], cwd=cwd, env=GIT_ENV, check=True, capture_output=True, text=True)
-    return result.stdout.strip()
-
-
-# One daemon for the tests and `sparkbuild rehearse --offline`: the package's own.
-git_daemon = gitrepo.daemon
-
-
-def run_sparkbuild(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """``sparkbuild ARGS`` as a user runs it (a new process), with ``env`` added to this one's."""
-    result = subprocess.run(
-        [sys.executable, "-m", "builder", *args], env={**os.environ, **env}, capture_output=True, text=True, cwd=ROOT
-    )
-    sys.stderr.write(result.stderr[-4000:])
-    return result

@@ -26,8 +26,8 @@ from builder.errors import PublishError
 from builder.options import Options
 from builder.registry import Registry
 from builder.verify import Answer, VerifyResult
-from tests.conftest import ROOT
-from tests.unit.cli_runner import sparkbuild
+from tests.support import ROOT
+from tests.support.cli import in_process as sparkbuild
 from tests.unit.test_attest import pinned_spark_plan
 
 pytestmark = pytest.mark.docker

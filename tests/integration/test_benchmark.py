@@ -24,7 +24,7 @@ from builder.net import free_port
 from builder.options import Options
 from builder.publish import last_good_tag
 from builder.registry import Registry
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 pytestmark = pytest.mark.docker
 

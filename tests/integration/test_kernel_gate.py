@@ -25,8 +25,8 @@ from builder.engine import Engine
 from builder.errors import VerifyError
 from builder.net import free_port
 from builder.options import Options
-from tests.conftest import ROOT
-from tests.unit.cli_runner import sparkbuild
+from tests.support import ROOT
+from tests.support.cli import in_process as sparkbuild
 
 pytestmark = pytest.mark.docker
 

@@ -25,7 +25,7 @@ from builder.errors import VerifyError
 from builder.moe.recipe import PROMPT
 from builder.net import free_port
 from builder.options import Options
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 pytestmark = [
     pytest.mark.docker,

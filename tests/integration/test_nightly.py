@@ -17,7 +17,7 @@ import pytest
 from builder import model
 from builder.engine import Engine
 from builder.registry import embedded
-from tests.conftest import run_sparkbuild as sparkbuild
+from tests.support.cli import run as sparkbuild
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 TARGET = "vllm-0.32.0-cpu-amd64"

@@ -20,7 +20,7 @@ from builder.engine import Engine
 from builder.errors import PublishError
 from builder.options import Options, Signer
 from builder.registry import Registry
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 pytestmark = pytest.mark.docker
 

@@ -16,7 +16,8 @@ from builder import build, plan, sources
 from builder.engine import Engine
 from builder.options import Options
 from builder.registry import Registry, embedded
-from tests.conftest import ROOT, git, git_daemon
+from tests.support import ROOT
+from tests.support.git import git, git_daemon
 
 pytestmark = pytest.mark.docker
 

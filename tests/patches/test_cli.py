@@ -25,14 +25,13 @@ import pytest
 
 from builder import sources
 from builder.errors import SourceError
-from tests.conftest import ROOT
+from tests.support import cli
+from tests.support import ROOT
 from tests.patches.conftest import TreeFactory
 
 
 def sparkbuild(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "builder", *args], capture_output=True, text=True, cwd=ROOT, env={**os.environ, **(env or {})}
-    )
+    return cli.run(*args, env=env)
 
 
 def test_a_version_written_as_its_tag_is_the_release(pristine: TreeFactory) -> None:

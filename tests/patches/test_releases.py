@@ -20,7 +20,9 @@ from packaging.version import Version
 from builder import patch, sources
 from builder.patch import cli as patch_cli
 from builder.patch import releases
-from tests.conftest import ROOT, git
+from tests.support import cli
+from tests.support import ROOT
+from tests.support.git import git
 from tests.patches.conftest import PATCHES, RELEASES, THROUGH, WHEELS_ONLY, TreeFactory, linked_copy, tree_hash
 
 NAMES = ("cmake-arch-sm121", "e2m1-software", "flashinfer-sinks-sm12x", "mxfp4-cutlass-sm12x")
@@ -117,8 +119,7 @@ def test_a_second_apply_on_every_release_reads_applied_and_writes_nothing(
 
 
 def sparkbuild(*args: str, cache: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SPARKBUILD_CACHE": str(cache)}
-    return subprocess.run([sys.executable, "-m", "builder", *args], capture_output=True, text=True, cwd=ROOT, env=env)
+    return cli.run(*args, env={"SPARKBUILD_CACHE": str(cache)})
 
 
 def test_the_table_command_says_the_same(every_tree: dict[str, Path], source_cache: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 from builder import base_image, matrix
 from builder.engine import Engine
 from builder.errors import BuildError
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 pytestmark = pytest.mark.docker
 

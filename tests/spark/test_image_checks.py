@@ -18,7 +18,7 @@ from builder import build, plan
 from builder.engine import Engine
 from builder.errors import BinaryCheckError
 from builder.options import Options
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 pytestmark = [pytest.mark.docker, pytest.mark.nvcc]
 VLLM = "/opt/venv/lib/python3.11/site-packages/vllm"

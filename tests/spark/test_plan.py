@@ -18,7 +18,7 @@ from builder.errors import ConfigError
 from builder.matrix import BuildJobs
 from builder.options import Options
 from builder.registry import Registry
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 GIB = toolchain.GIB
 BIN = Path(sys.executable).parent

@@ -12,11 +12,9 @@ not compile for the code it gets.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +27,9 @@ from builder.engine import Engine
 from builder.options import Options
 from builder.registry import Registry
 from builder.rehearse import rehearsal_target
-from tests.conftest import ROOT, run_sparkbuild
 from tests.procs import pids_where
-from tests.unit.cli_runner import sparkbuild
+from tests.support import ROOT, cli
+from tests.support.cli import in_process as sparkbuild
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 TARGET = "vllm-0.33.0-cu130-sm121"
@@ -42,7 +40,7 @@ RESOURCES = {"SPARKBUILD_BUILD_MEMORY_GB": "24", "SPARKBUILD_BUILD_CORES": "2"}
 
 
 def rehearse(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return run_sparkbuild("rehearse", "--offline", "--json", *args, env={"SPARKBUILD_OUT": str(out), **RESOURCES})
+    return cli.run("rehearse", "--offline", "--json", *args, env={"SPARKBUILD_OUT": str(out), **RESOURCES})
 
 
 @pytest.fixture(scope="module")
@@ -181,13 +179,8 @@ def test_ctrl_c_during_the_preflight_leaves_no_daemon_and_no_partial_repository(
     """A real SIGINT once the preflight has started (after the module's rehearsal, so it starts in
     seconds): exit 130, the offline git daemon stopped, no repository left half made."""
     root = Options.from_env().cache / "offline"
-    with subprocess.Popen(
-        [sys.executable, "-m", "builder", "rehearse", "--offline", "--only", TARGET],
-        env={**os.environ, "SPARKBUILD_OUT": str(tmp_path), **RESOURCES},
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+    with cli.start(
+        "rehearse", "--offline", "--only", TARGET, env={"SPARKBUILD_OUT": str(tmp_path), **RESOURCES}
     ) as proc:  # the context closes the pipe it reads
         assert proc.stderr is not None
         for line in proc.stderr:

@@ -23,7 +23,7 @@ from packageurl import PackageURL
 from builder import inspection, lock, matrix, plan, provenance, sbom
 from builder.errors import ConfigError
 from builder.options import Options
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 DATA = Path(__file__).parent / "data" / "sbom"
 DIGEST = "sha256:" + "5e" * 32

@@ -14,7 +14,7 @@ import pytest
 from builder import benchmark, benchreport, matrix, regression
 from builder.benchmark import Benchmark, Figures, Shape
 from builder.errors import VerifyError
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 DATA = Path(__file__).parent / "data" / "bench"
 

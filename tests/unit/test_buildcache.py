@@ -12,8 +12,8 @@ from builder.buildcache import Mode
 from builder.buildkit import Builder, buildx_driver
 from builder.errors import ConfigError
 from builder.options import BuildCacheSetting
-from tests.conftest import MatrixWriter
-from tests.unit.cli_runner import sparkbuild
+from tests.support.cli import in_process as sparkbuild
+from tests.support.matrix import MatrixWriter
 from tests.unit.test_plan import TWO_TARGETS, options
 
 DEBIAN_CLIENT = Builder(buildx=False, driver="docker", client="20.10.24+dfsg1")

@@ -15,7 +15,7 @@ import pytest
 from builder import log, options
 from builder.patch import bundle
 from builder.plan import IMAGE_SCRIPTS
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 PACKAGE = Path(options.__file__).resolve().parent
 DOC = ROOT / "docs" / "configuration.md"

@@ -9,7 +9,7 @@ import re
 
 import builder
 from builder import errors
-from tests.conftest import ROOT, run_sparkbuild
+from tests.support import ROOT, cli
 
 
 def readme_table() -> dict[int, str]:
@@ -48,6 +48,6 @@ def test_nothing_raises_the_base_class_or_exits_with_a_number_of_its_own() -> No
 
 
 def test_a_usage_mistake_is_exit_2_like_any_invalid_input() -> None:
-    result = run_sparkbuild("plan", "--no-such-option", env={})
+    result = cli.run("plan", "--no-such-option", env={})
     assert result.returncode == 2
     assert "No such option" in result.stderr and "Traceback" not in result.stderr

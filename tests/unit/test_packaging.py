@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import tomllib
 
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 
 def test_every_package_of_builder_is_in_the_wheel() -> None:

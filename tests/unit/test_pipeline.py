@@ -13,7 +13,7 @@ from builder.errors import BuildError, ToolMissingError, VerifyError
 from builder.options import Options
 from builder.registry import Registry
 from builder.verify import Answer, VerifyResult
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 BASELINE = Path(__file__).parent / "data" / "bench" / "baseline.json"
 
