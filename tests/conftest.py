@@ -93,3 +93,19 @@ def registry(tmp_path: Path) -> Iterator[Registry]:
     """A real registry (Debian's docker-registry) on 127.0.0.1 for one test."""
     with embedded(tmp_path / "registry") as reg:
         yield reg
+
+
+# Fixtures that need a running Docker engine. A test that uses one, directly or through another
+# fixture, must be marked `docker` (the markers are declared strictly in pyproject.toml), so that
+# `pytest -m "not docker"` selects exactly what runs without an engine.
+NEEDS_DOCKER = frozenset({"engine", "base"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unmarked = [
+        item.nodeid
+        for item in items
+        if NEEDS_DOCKER & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("docker") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(f"these tests use a Docker engine but are not marked docker: {', '.join(unmarked)}")
