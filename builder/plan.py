@@ -19,7 +19,7 @@ from typing import Any
 
 from builder import (
     __version__,
-    base_image,
+    base_recipe,
     cuda_layout,
     fsutil,
     lock,
@@ -219,7 +219,7 @@ def lane_ids(opts: Options, lane: str) -> tuple[str, ...]:
 
 
 def plan_target(target: Target, patch_folders: Mapping[str, Path], opts: Options) -> TargetPlan:
-    base_ref, base_identity = base_image.reference(target.base, target.platform)
+    base_ref, base_identity = base_recipe.reference(target.base, target.platform)
     patches = {name: patch.digest(patch_folders[name]) for name in target.patches}
     templates = project.profile_folder(opts, target.profile)
     stages = plan_stages(target, patch_folders, opts, templates.path)
@@ -280,7 +280,7 @@ def _git_input(source: matrix.GitSource | None) -> dict[str, Any] | None:
 
 def template_variables(target: Target) -> dict[str, Any]:
     """What the stage templates see. Everything here is an input of the stage that uses it."""
-    refs = {name: base_image.reference(b, target.platform)[0] for name, b in bases(target).items()}
+    refs = {name: base_recipe.reference(b, target.platform)[0] for name, b in bases(target).items()}
     spark: dict[str, Any] = defaults()["spark_runtime"]
     return {
         "target": target,
@@ -399,7 +399,7 @@ def labels(target: Target, base_identity: str, patches: dict[str, str], content_
 
 def base_name(base: matrix.Base, platform: str) -> str:
     """A base as a label shows it: the pinned image, or the made image's content-addressed name."""
-    return base.image or base_image.reference(base, platform)[0]
+    return base.image or base_recipe.reference(base, platform)[0]
 
 
 def _check_tag_clash(plans: tuple[TargetPlan, ...]) -> None:

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from builder import __version__, base_image, cmd, log, plan, sbom
+from builder import __version__, base_recipe, cmd, log, plan, sbom
 
 MEDIA_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -121,7 +121,7 @@ def resolved_dependencies(p: plan.TargetPlan, files: Files) -> list[dict[str, An
         {"uri": f"git+{repo}", "name": name, "digest": {"gitCommit": commit}} for name, repo, commit in sbom.sources(p.inputs)
     ]
     for role, base in plan.bases(p.target).items():
-        ref, identity = base_image.reference(base, p.target.platform)
+        ref, identity = base_recipe.reference(base, p.target.platform)
         kind, _, value = identity.partition(":")
         digest = {"sha256": value} if kind == "sha256" else {"sparkbuildRecipe": identity}
         found.append({"uri": f"oci://{ref.rsplit('@', 1)[0]}", "name": f"base:{role}", "digest": digest})
