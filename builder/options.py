@@ -282,7 +282,9 @@ def _path(name: str, text: str | None, default: Path | None) -> Path | None:
     if text is None:
         return default
     if not text.strip() or "\0" in text:
-        raise ConfigError(f"{name}={text!r}: expected a path; or unset it for the default ({default or 'see the README'})")
+        raise ConfigError(
+            f"{name}={text!r}: expected a path; or unset it for the default ({default or 'see docs/configuration.md'})"
+        )
     return Path(text)
 
 

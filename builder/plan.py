@@ -201,7 +201,7 @@ def lane_targets(m: matrix.Matrix, opts: Options, lane: str) -> tuple[Target, ..
     """The targets of ``lane`` that ``--only`` and ``--profile`` select."""
     in_lane = tuple(t for t in m.targets if t.lane == lane)
     if not in_lane:
-        raise ConfigError(f"{opts.matrix}: no target has lane: {lane}; add one (see the README's lanes)")
+        raise ConfigError(f"{opts.matrix}: no target has lane: {lane}; add one (see docs/lanes.md)")
     return select(in_lane, opts.only, opts.profile)
 
 

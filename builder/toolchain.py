@@ -15,7 +15,7 @@ from builder.matrix import BuildJobs
 
 GIB = 1024**3
 # Peak resident memory of one nvcc process compiling one gencode target of vLLM's heaviest units
-# (CUTLASS grouped GEMMs, FlashAttention), with headroom: see GB_PER_COMPILE_MEASURED in the README.
+# (CUTLASS grouped GEMMs, FlashAttention), with headroom (docs/spark.md, build jobs).
 GB_PER_NVCC_THREAD = 5
 # Memory left to the OS, the engine and the linker.
 RESERVED_GB = 8
