@@ -47,8 +47,8 @@ def modules() -> list[str]:
     names = []
     for path in sorted(package.rglob("*.py")):
         parts = path.relative_to(package.parent).with_suffix("").parts
-        if parts[-1] == "__main__":
-            continue
+        if parts[-1] == "__main__" or ("resources" in parts and parts[-1] != "packaged"):
+            continue  # an entry point runs when imported; resources' scripts run in images, with vLLM
         names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
     return names
 

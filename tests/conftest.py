@@ -17,6 +17,9 @@ from tests.support import ROOT
 from tests.support import matrix as support_matrix
 from tests.support.matrix import MatrixWriter
 
+# Fixtures every test may use, wherever it lives: vLLM source trees and a real upstream of releases.
+pytest_plugins = ["tests.support.trees", "tests.support.upstream"]
+
 
 @pytest.fixture
 def write_matrix(tmp_path: Path) -> MatrixWriter:

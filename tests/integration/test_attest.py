@@ -26,7 +26,7 @@ from builder.errors import PublishError
 from builder.options import Options
 from builder.registry import Registry
 from builder.verify import Answer, VerifyResult
-from tests.support import ROOT
+from tests.support import DATA, ROOT
 from tests.support.cli import in_process as sparkbuild
 from tests.unit.test_attest import pinned_spark_plan
 
@@ -68,7 +68,7 @@ def recorded_verify(path: Path) -> None:
     """A recorded result of the target's first check (answers and speed) at ``path``, and of its
     second check (answers and kernel path) where verify writes it, in checks/moe-nvfp4/."""
     answer = Answer(name="completion", api="completions", prompt="c d e f", expected=" g h i j", received=" g h i j")
-    bench = benchmark.from_json(json.loads((ROOT / "tests/unit/data/bench/baseline.json").read_text()), "baseline.json")
+    bench = benchmark.from_json(json.loads((DATA / "bench" / "baseline.json").read_text()), "baseline.json")
     result = VerifyResult(image=LOCAL, model="alphabet", check="alphabet", startup_s=21.5, answers=(answer,), benchmark=bench)
     path.write_text(json.dumps(result.to_json(), indent=2))
     line = "Using 'FLASHINFER_CUTLASS' NvFp4 MoE backend out of potential backends: ['FLASHINFER_CUTLASS']"

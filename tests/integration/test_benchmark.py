@@ -24,12 +24,12 @@ from builder.net import free_port
 from builder.options import Options
 from builder.publish import last_good_tag
 from builder.registry import Registry
-from tests.support import ROOT
+from tests.support import DATA, ROOT
 
 pytestmark = pytest.mark.docker
 
 TARGET = "vllm-0.32.0-cpu-amd64"
-RECORDED = ROOT / "tests" / "unit" / "data" / "bench"
+RECORDED = DATA / "bench"
 
 
 @pytest.fixture(scope="module")

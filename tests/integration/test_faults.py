@@ -1,5 +1,5 @@
 """The registry client and publish against the real registry (Debian's docker-registry) behind a
-fault injector on loopback (``tests/faults.py``): transient faults are survived, refusals fail at
+fault injector on loopback (``tests/support/faults.py``): transient faults are survived, refusals fail at
 once with what to do, credentials stay with their registry, a stalled push ends with exit 7, and
 kill -9 at three moments of a publish leaves readable tags that a rerun finishes moving.
 """
@@ -27,8 +27,8 @@ from builder.errors import PublishError
 from builder.options import Limits, Options, default_limits
 from builder.plan import TargetPlan
 from builder.registry import Registry, embedded
-from tests.faults import FaultProxy, Rule, wait_for
 from tests.support import cli
+from tests.support.faults import FaultProxy, Rule, wait_for
 from tests.support.matrix import CHECKS, local_target
 
 pytestmark = pytest.mark.docker

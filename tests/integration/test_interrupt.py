@@ -1,7 +1,7 @@
 """Ctrl-C (a real SIGINT to a real ``sparkbuild`` process) at chosen moments leaves no container, no
 registry process and no half-written cache entry.
 
-The moments are made exact with the fault injector (``tests/faults.py``) between sparkbuild and the
+The moments are made exact with the fault injector (``tests/support/faults.py``) between sparkbuild and the
 Docker engine's socket (``DOCKER_HOST`` on loopback): it holds the create, the start or the push
 request until the signal is sent, then lets it through, so the signal lands while that call is in
 flight, the window where a container used to be left serving.
@@ -21,10 +21,10 @@ import pytest
 from builder import plan
 from builder.engine import Engine
 from builder.options import Options
-from tests.faults import FaultProxy, Rule
-from tests.procs import pids_where
 from tests.support import cli
+from tests.support.faults import FaultProxy, Rule
 from tests.support.matrix import CHECKS, local_target
+from tests.support.procs import pids_where
 
 pytestmark = pytest.mark.docker
 

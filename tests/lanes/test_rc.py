@@ -11,9 +11,9 @@ import pytest
 
 from builder.engine import Engine
 from builder.registry import embedded
-from tests.lanes.conftest import Upstream, sparkbuild
 from tests.support import ROOT
 from tests.support.matrix import local_target, quick_checks
+from tests.support.upstream import Upstream, sparkbuild
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 TARGET = "vllm-rc-cpu-amd64"

@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 from builder.patch import bundle, rules
-from tests.patches.conftest import PATCHES
+from tests.support.trees import PATCHES
 
 BLOCKED = ("click", "docker", "jinja2", "requests", "git", "tqdm")
 # Run as `python3 -c`: refuse the blocked packages, then run the engine's __main__ from the copy.

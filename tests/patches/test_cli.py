@@ -27,7 +27,7 @@ from builder import sources
 from builder.errors import SourceError
 from tests.support import cli
 from tests.support import ROOT
-from tests.patches.conftest import TreeFactory
+from tests.support.trees import TreeFactory
 
 
 def sparkbuild(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -14,7 +14,7 @@ import pytest
 from builder import patch, sources
 from builder.errors import ConfigError, PatchError
 from tests.support import cli
-from tests.patches.conftest import PATCHES, TreeFactory, tree_hash
+from tests.support.trees import PATCHES, TreeFactory, tree_hash
 
 TARGET = "vllm/v1/attention/backends/flashinfer.py"  # a file every version has
 NEEDLE = "from dataclasses import dataclass"  # a line of it

@@ -23,7 +23,7 @@ from builder.patch import releases
 from tests.support import cli
 from tests.support import ROOT
 from tests.support.git import git
-from tests.patches.conftest import PATCHES, RELEASES, THROUGH, WHEELS_ONLY, TreeFactory, linked_copy, tree_hash
+from tests.support.trees import PATCHES, RELEASES, THROUGH, WHEELS_ONLY, TreeFactory, linked_copy, tree_hash
 
 NAMES = ("cmake-arch-sm121", "e2m1-software", "flashinfer-sinks-sm12x", "mxfp4-cutlass-sm12x")
 A: patch.Status = "applies"

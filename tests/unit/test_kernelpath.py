@@ -1,19 +1,18 @@
-"""The kernel-path gate on recorded logs: the local CPU image's own (tests/unit/data/kernel-logs/,
+"""The kernel-path gate on recorded logs: the local CPU image's own (tests/data/kernel-logs/,
 recorded from real servers: vLLM 0.32.0 CPU serving the alphabet Llama, and a tiny Mixtral), and
 CUDA lines written from the format strings of vLLM's source at each release (no GPU here to record
 them). The gate itself on a live server is tested in tests/integration/test_kernel_gate.py."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from builder import kernelpath, matrix
 from builder.errors import ConfigError, VerifyError
+from tests.support import DATA
 from tests.support.matrix import LOCAL, MatrixWriter
 
-LOGS = Path(__file__).parent / "data" / "kernel-logs"
+LOGS = DATA / "kernel-logs"
 MIXTRAL = (LOGS / "vllm-0.32.0-cpu-mixtral.log").read_text()
 LLAMA = (LOGS / "vllm-0.32.0-cpu-llama.log").read_text()
 PREFIX = "(Worker pid=40) INFO 11-23 17:54:02 "

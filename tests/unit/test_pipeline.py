@@ -13,9 +13,9 @@ from builder.errors import BuildError, ToolMissingError, VerifyError
 from builder.options import Options
 from builder.registry import Registry
 from builder.verify import Answer, VerifyResult
-from tests.support import ROOT
+from tests.support import DATA, ROOT
 
-BASELINE = Path(__file__).parent / "data" / "bench" / "baseline.json"
+BASELINE = DATA / "bench" / "baseline.json"
 
 
 def a_run(status: pipeline.Status) -> pipeline.TargetRun:
