@@ -120,7 +120,10 @@ def test_download_with_wrong_sha256_is_refused_and_discarded(
         sources.vllm_sdist("9.9.8", cache)
 
 
-FETCH = "from builder import sources; from pathlib import Path; import sys; sources.fetch(sources.sdist_link('9.9.9'), Path(sys.argv[1]))"
+FETCH = (
+    f"import {sources.__name__} as sources; from pathlib import Path; import sys; "
+    "sources.fetch(sources.sdist_link('9.9.9'), Path(sys.argv[1]))"
+)
 
 
 def test_a_download_in_a_ci_log_is_one_line_with_its_size(local_index: tuple[str, Path], tmp_path: Path) -> None:

@@ -31,11 +31,10 @@ import numpy as np
 import pytest
 
 from builder import patch
-from tests.support import nvcc
+from tests.support import DATA, nvcc
 from tests.support.trees import TreeFactory, Variant, variants
 
 pytestmark = pytest.mark.nvcc
-from tests.support import DATA
 HEADER = "nvfp4_utils.cuh"
 PLAIN_TARGETS = (nvcc.PLAIN_SM121, nvcc.COMPUTE_120)
 
