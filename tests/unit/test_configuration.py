@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
+import builder
 from builder import log, options
 from builder.patch import bundle
 from builder.plan import IMAGE_SCRIPTS
 from tests.support import ROOT
 
-PACKAGE = Path(options.__file__).resolve().parent
+PACKAGE = Path(builder.__file__).resolve().parent
 DOC = ROOT / "docs" / "configuration.md"
 DECLARED = {**options.VARIABLES, **options.READ_FROM_OTHERS}
 # Modules that read os.environ themselves: options; log, which options stands on; and the code that
