@@ -92,7 +92,7 @@ def test_the_copied_engine_runs_with_the_heavy_packages_blocked(tmp_path: Path) 
 def test_a_blocked_import_is_refused_for_real(tmp_path: Path) -> None:
     """The blocker itself works: a module that needs requests fails in the same runner."""
     lib = copy_bundle(tmp_path / "lib")
-    (lib / "builder" / "patch" / "needs_requests.py").write_text("import requests\n")
+    (lib / bundle.PACKAGE / "patch" / "needs_requests.py").write_text("import requests\n")
     code = RUNNER.format(blocked=BLOCKED, lib=str(lib)).replace(
         "import builder.patch as entry", "import builder.patch.needs_requests as entry"
     )

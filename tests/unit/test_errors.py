@@ -7,6 +7,7 @@ import ast
 import importlib
 import pkgutil
 import re
+from pathlib import Path
 
 import builder
 from builder import errors
@@ -46,7 +47,7 @@ def test_every_failure_class_has_its_own_code_in_the_table() -> None:
 
 
 def test_nothing_raises_the_base_class_or_exits_with_a_number_of_its_own() -> None:
-    for path in sorted((ROOT / "builder").glob("*.py")):
+    for path in sorted(Path(builder.__file__).parent.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and isinstance(node.exc.func, ast.Name):
                 assert node.exc.func.id != "FatalError", f"{path.name}:{node.lineno} raises the base class"
