@@ -22,7 +22,15 @@ from tests.support.matrix import PATCH_YAML, quick_checks
 
 SPARK_ID = "vllm-0.33.0-cu130-sm121"
 # The checkout's working files that are not sparkbuild's sources.
-NOT_SOURCES = (".git", ".venv", "sparkbuild-out", "build", "dist", "*.egg-info", "__pycache__", ".*_cache")
+# Left out of the copy the wheel is built from: anywhere, and at the top only (a package may have a
+# folder named build).
+NOT_SOURCES = (".git", ".venv", "sparkbuild-out", "*.egg-info", "__pycache__", ".*_cache")
+NOT_SOURCES_AT_TOP = ("build", "dist")
+
+
+def not_sources(folder: str, names: list[str]) -> set[str]:
+    ignored = set(shutil.ignore_patterns(*NOT_SOURCES)(folder, names))
+    return ignored | ({n for n in names if n in NOT_SOURCES_AT_TOP} if Path(folder) == ROOT else set())
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +41,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     top = tmp_path_factory.mktemp("installed")
     source = top / "source"
     # A copy, so that building the wheel writes nothing (build/, *.egg-info) into the checkout.
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*NOT_SOURCES))
+    shutil.copytree(ROOT, source, ignore=not_sources)
     wheels = top / "wheels"
     run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", wheels, source)
     (wheel,) = wheels.glob("sparkbuild-*.whl")
