@@ -137,7 +137,7 @@ def check_sbom(engine: Engine, image: str, document: dict[str, Any], p: plan.Tar
     assert len(debs) > 50
     for deb in debs:
         assert f"deb:{deb.name}@{deb.version}?arch={deb.arch}" in by_ref
-    commits = {c for _, _, c in sbom.sources(p.manifest()["inputs"])}
+    commits = {c for _, _, c in provenance.sources(p.manifest()["inputs"])}
     assert {b["commit"] for b in sbom.summary(document)["from_source"]} == commits and len(commits) >= 4
 
 
@@ -145,7 +145,7 @@ def check_provenance(statement: dict[str, Any], p: plan.TargetPlan, name: str, d
     assert statement["subject"] == [{"name": name, "digest": {"sha256": digest.removeprefix("sha256:")}}]
     materials = provenance.materials(statement)
     commits = {m["digest"]["gitCommit"] for m in materials if "gitCommit" in m["digest"]}
-    assert {c for _, _, c in sbom.sources(p.manifest()["inputs"])} <= commits
+    assert {c for _, _, c in provenance.sources(p.manifest()["inputs"])} <= commits
     patches = {m["name"].removeprefix("patch:"): m["digest"]["sha256"] for m in materials if m["name"].startswith("patch:")}
     assert patches == p.inputs["patches"]
     assert any(m["name"] == "lock" for m in materials)

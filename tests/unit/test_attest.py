@@ -175,7 +175,7 @@ def test_provenance_lists_every_commit_base_and_patch_of_the_manifest(spark_plan
     materials = provenance.materials(statement)
     commits = {m["digest"].get("gitCommit") for m in materials}
     manifest = json.dumps(spark_plan.manifest())
-    in_manifest = {c for name, _, c in sbom.sources(spark_plan.manifest()["inputs"])}
+    in_manifest = {c for name, _, c in provenance.sources(spark_plan.manifest()["inputs"])}
     assert in_manifest <= commits and len(in_manifest) >= 4 and all(c in manifest for c in in_manifest)
     patches = {m["name"]: m["digest"]["sha256"] for m in materials if m["name"].startswith("patch:")}
     assert patches == {f"patch:{n}": h for n, h in spark_plan.inputs["patches"].items()} and patches
