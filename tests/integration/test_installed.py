@@ -124,7 +124,7 @@ def test_a_patch_of_the_team_is_used_and_moves_the_tag(installed: Path, team: Pa
     sparkbuild(installed, team, "render", "--only", SPARK_ID, "--out", "rendered")
     contexts = {p.relative_to(team / "rendered" / SPARK_ID).as_posix() for p in (team / "rendered").rglob("*") if p.is_file()}
     assert any(c.endswith("/patches/extra/fix.diff") for c in contexts)
-    assert any(c.endswith("/sparkbuild/builder/patch/__main__.py") for c in contexts)
+    assert any(c.endswith(f"/sparkbuild/{cli.PACKAGE}/patch/__main__.py") for c in contexts)
 
 
 def test_a_profile_of_the_team_wins_over_the_packaged_one(installed: Path, team: Path) -> None:
