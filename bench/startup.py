@@ -2,6 +2,7 @@
 
 Reproduce with:  .venv/bin/python bench/startup.py [--runs 5] [--cache DIR] [--out bench/results/startup.json]
                  .venv/bin/python bench/startup.py --imports-only   (no Docker needed)
+                 .venv/bin/python bench/startup.py --nightly-only
 
 - Imports: each module is imported in a new process under ``python -X importtime``; its figure is
   the median over --runs of the cumulative microseconds importtime reports for it (the module and
@@ -126,6 +127,7 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=options.default_cache().with_name("sparkbuild-bench-startup"))
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "startup.json")
     parser.add_argument("--imports-only", action="store_true", help="only the import time of each module")
+    parser.add_argument("--nightly-only", action="store_true", help="only the no-op nightly")
     args = parser.parse_args()
 
     result: dict[str, object] = {
@@ -134,8 +136,9 @@ def main() -> None:
         "machine": machine(),
         "command": " ".join(sys.argv[1:]) or "(defaults)",
     }
-    per_module = {name: module_import_us(name, args.runs) for name in modules()}
-    result["import_ms"] = {name: round(us / 1000, 1) for name, us in sorted(per_module.items(), key=lambda kv: -kv[1])}
+    if not args.nightly_only:
+        per_module = {name: module_import_us(name, args.runs) for name in modules()}
+        result["import_ms"] = {name: round(us / 1000, 1) for name, us in sorted(per_module.items(), key=lambda kv: -kv[1])}
     if not args.imports_only:
         models = options.default_cache() / "models"
         args.cache.mkdir(parents=True, exist_ok=True)
