@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from builder import lock, log, provenance, referrers, sbom, verify, wheels
+from builder import lock, log, provenance, referrers, verify, wheels
 from builder.errors import EngineError, PublishError
 from builder.plan import TargetPlan
 from builder.registry import Registry
@@ -96,6 +96,10 @@ def _make(
 ) -> tuple[bytes, str] | None:
     image = f"{registry.host}/{p.repository}"
     if kind == "sbom":
+        # Imported here for start-up: cyclonedx's model is a few hundred ms to import, and a lane whose
+        # images are all published already makes no SBOM (tests/unit/test_cli_imports.py).
+        from builder import sbom
+
         contents = sbom.read_image(engine(), _in_engine(engine(), image, digest, p.target.platform))
         return sbom.to_json(sbom.make(contents, image=image, digest=digest)).encode(), sbom.MEDIA_TYPE
     if kind == "provenance":

@@ -8,27 +8,18 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import shutil
 import sys
 import tempfile
 import zipfile
-from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from builder import cmd, cuda_layout, log
+from builder.base_recipe import reference
+from builder.engine import Engine
 from builder.errors import BuildError, ToolMissingError
 from builder.matrix import Base, CudaWheels
 
-if TYPE_CHECKING:  # planning imports this module and must not need the docker SDK
-    from builder.engine import Engine
-
-REPOSITORY = "sparkbuild/base"
-# Bump when the way a base is made changes.
-RECIPE_VERSION = 1
-CUDA_RECIPE_VERSION = 2
 ARCH = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
 DEBIAN_ARCH = {"linux/amd64": "amd64", "linux/arm64": "arm64"}
 # The newest glibc a made base may assume (Debian bookworm has 2.36, trixie 2.41; NVIDIA's
@@ -42,30 +33,6 @@ def platform_tags(platform: str) -> list[str]:
     arch = ARCH[platform]
     tags = [f"manylinux_2_{minor}_{arch}" for minor in range(GLIBC_MINOR, 4, -1)]
     return [*tags, f"manylinux2014_{arch}", f"manylinux2010_{arch}", f"manylinux1_{arch}"]
-
-
-def reference(base: Base, platform: str) -> tuple[str, str]:
-    """(image reference for FROM, identity for the content hash). Pure."""
-    if base.image is not None:
-        # An unpinned image (no lock yet) keeps its name; plan marks it unresolved and build refuses it.
-        return base.image, base.image.rsplit("@", 1)[1] if "@" in base.image else f"unpinned:{base.image}"
-    key = hashlib.sha256(json.dumps(recipe(base, platform), sort_keys=True).encode()).hexdigest()
-    kind = "cuda-wheels" if base.cuda_wheels is not None else "debootstrap"
-    return f"{REPOSITORY}:{base.name}-{key[:16]}", f"{kind}:{key}"
-
-
-def recipe(base: Base, platform: str) -> dict[str, object]:
-    """Everything that decides a made base's content."""
-    if base.cuda_wheels is not None:
-        cuda = base.cuda_wheels
-        return {
-            "cuda_wheels": {"toolkit": cuda.toolkit, "flavor": cuda.flavor, "components": sorted(cuda.components)},
-            "on": reference(cuda.base, platform)[1],
-            "platform": platform,
-            "version": CUDA_RECIPE_VERSION,
-        }
-    assert base.debootstrap is not None
-    return {"debootstrap": asdict(base.debootstrap), "platform": platform, "version": RECIPE_VERSION}
 
 
 def ensure(engine: Engine, base: Base, platform: str, work: Path) -> str:

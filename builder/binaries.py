@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from builder import cmd
+from builder import cmd, options
 from builder.errors import BinaryCheckError, ConfigError, ToolMissingError
 
 _BLOCK_RE = re.compile(r"^Fatbin (?P<kind>elf|ptx) code:$")
@@ -218,8 +218,9 @@ class FileReport:
 
 def cuobjdump() -> Path:
     """cuobjdump: SPARKBUILD_CUOBJDUMP, the PATH, or PyPI's nvidia-cuda-cuobjdump in this environment."""
-    if os.environ.get("SPARKBUILD_CUOBJDUMP"):
-        return Path(os.environ["SPARKBUILD_CUOBJDUMP"])
+    chosen = options.env("SPARKBUILD_CUOBJDUMP")
+    if chosen:
+        return Path(chosen)
     found = shutil.which("cuobjdump")
     if found:
         return Path(found)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from builder import base_image, binaries, buildcache, fsutil, log, preflight, publish, render
+from builder import base_image, binaries, buildcache, fsutil, log, preflight, push, render
 from builder.engine import Engine
 from builder.errors import BuildError, ConfigError
 from builder.options import Options
@@ -141,7 +141,7 @@ def ensure_stage(engine: Engine, registry: Registry | None, plan: TargetPlan, st
     if not stage.final and registry is not None and not in_registry:
         # Built here, or made by an earlier run without a registry: share it with other runners.
         engine.tag(stage.ref, f"{registry.host}/{STAGE_REPOSITORY}", _tag(stage))
-        publish.push_image(engine, registry, f"{registry.host}/{STAGE_REPOSITORY}", _tag(stage))
+        push.push_image(engine, registry, f"{registry.host}/{STAGE_REPOSITORY}", _tag(stage))
         if action == "built" and cache_choice(engine, opts, registry).mode is buildcache.Mode.INLINE:
             share_inline_cache(engine, registry, plan, stage)
     return StageOutcome(name=stage.name, ref=stage.ref, action=action, seconds=time.monotonic() - start)
@@ -164,7 +164,7 @@ def share_inline_cache(engine: Engine, registry: Registry, plan: TargetPlan, sta
     already has every layer: the engine mounts them from the stage repository, uploads none."""
     repository, cache_tag = buildcache.ref(registry.host, plan.id, stage.name).rsplit(":", 1)
     engine.tag(stage.ref, repository, cache_tag)
-    publish.push_image(engine, registry, repository, cache_tag)
+    push.push_image(engine, registry, repository, cache_tag)
 
 
 def _tag(stage: StagePlan) -> str:

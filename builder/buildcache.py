@@ -17,7 +17,7 @@ on any runner, kept under a moving tag ``<registry>/sparkbuild/cache:<target>-<s
 
 The flags go to the build command only, in no Dockerfile and no hash: stage hashes and content tags
 are the same in every mode. Pure: ``plan`` shows what each mode passes without asking Docker; the
-builder is probed (``engine.find_build_cli``) when a build starts.
+builder is probed (``buildkit.find_build_cli``) when a build starts.
 """
 
 from __future__ import annotations
@@ -25,22 +25,17 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import Any
 
 from builder import oci
+from builder.buildkit import EXPORTING_DRIVERS, Builder
 from builder.errors import ConfigError
-
-if TYPE_CHECKING:  # the plan module loads jinja2 and the matrix: the engine imports this one
-    from builder.plan import StagePlan, TargetPlan
+from builder.options import BuildCacheSetting
+from builder.plan import StagePlan, TargetPlan
 
 CACHE_REPOSITORY = "sparkbuild/cache"
-# buildx drivers whose BuildKit can export a cache to a registry (the docker driver cannot).
-EXPORTING_DRIVERS = ("docker-container", "remote", "kubernetes")
 # What the shown flags put in place of a registry the plan does not know yet (the embedded one's port).
 SOME_REGISTRY = "<registry>"
-
-Setting = Literal["auto", "registry", "inline", "off"]
-SETTINGS: tuple[Setting, ...] = get_args(Setting)
 
 
 class Mode(StrEnum):
@@ -49,7 +44,7 @@ class Mode(StrEnum):
     NONE = "none"
 
 
-WHEN: dict[Setting, str] = {
+WHEN: dict[BuildCacheSetting, str] = {
     "auto": f"registry with buildx ({', '.join(EXPORTING_DRIVERS)} driver), else inline (docker build without buildx, "
     "like Debian's 20.10, or buildx's docker driver)",
     "registry": "registry (SPARKBUILD_BUILD_CACHE=registry)",
@@ -63,26 +58,6 @@ WHAT: dict[Mode, str] = {
 }
 
 
-@dataclass(frozen=True, kw_only=True)
-class Builder:
-    """What runs BuildKit, as far as its cache goes: buildx and its driver, or ``docker build``."""
-
-    buildx: bool
-    # buildx's driver; "docker" for ``docker build``, whose BuildKit is the engine's own.
-    driver: str
-    # The docker client's version ("20.10.24+dfsg1"); shown only.
-    client: str = ""
-
-    def text(self) -> str:
-        if self.buildx:
-            return f"buildx, {self.driver} driver"
-        return f"docker {'.'.join(self.client.split('.')[:2]) or '(unknown version)'} build, no buildx"
-
-    @property
-    def exports_cache(self) -> bool:
-        return self.buildx and self.driver in EXPORTING_DRIVERS
-
-
 @dataclass(frozen=True)
 class Choice:
     mode: Mode
@@ -93,15 +68,7 @@ class Choice:
         return f"{self.mode} ({self.why}): {WHAT[self.mode]}"
 
 
-def check_setting(name: str, text: str) -> Setting:
-    """``SPARKBUILD_BUILD_CACHE``'s value, or a ConfigError naming it."""
-    for setting in SETTINGS:
-        if text.strip().lower() == setting:
-            return setting
-    raise ConfigError(f"{name}={text!r}: expected one of {', '.join(SETTINGS)}; or unset it (auto)")
-
-
-def choose(setting: Setting, builder: Builder, registry: bool) -> Choice:
+def choose(setting: BuildCacheSetting, builder: Builder, registry: bool) -> Choice:
     """The cache a build uses: the setting, where the run has a registry and the builder can."""
     if setting == "off":
         return Choice(Mode.NONE, "SPARKBUILD_BUILD_CACHE=off")
@@ -142,12 +109,12 @@ def stage_flags(mode: Mode, host: str, plan: TargetPlan, stage: StagePlan) -> tu
     return flags(mode, ref(host, plan.id, stage.name), final=stage.final)
 
 
-def shown_modes(setting: Setting) -> tuple[Mode, ...]:
+def shown_modes(setting: BuildCacheSetting) -> tuple[Mode, ...]:
     """The modes a build may use under ``setting``, when the builder is not known yet."""
     return {"auto": (Mode.REGISTRY, Mode.INLINE), "registry": (Mode.REGISTRY,), "inline": (Mode.INLINE,), "off": ()}[setting]
 
 
-def describe(plan: TargetPlan, setting: Setting, host: str | None) -> dict[str, Any]:
+def describe(plan: TargetPlan, setting: BuildCacheSetting, host: str | None) -> dict[str, Any]:
     """What ``plan --json`` shows: each stage's cache ref, and its flags in each mode a build may use."""
     where = host or SOME_REGISTRY
     return {
@@ -159,7 +126,7 @@ def describe(plan: TargetPlan, setting: Setting, host: str | None) -> dict[str, 
     }
 
 
-def lines(plan: TargetPlan, setting: Setting, host: str | None) -> list[str]:
+def lines(plan: TargetPlan, setting: BuildCacheSetting, host: str | None) -> list[str]:
     """What ``plan`` prints: the mode (or modes, the builder deciding), what each passes, each stage's REF."""
     if setting == "off":
         return ["none (SPARKBUILD_BUILD_CACHE=off)"]

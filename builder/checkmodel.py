@@ -10,11 +10,10 @@ it on, prints it, or puts it in a layer, a label, a log or a summary.
 from __future__ import annotations
 
 import importlib
-import os
 from pathlib import Path
 from typing import Any
 
-from builder import log, model
+from builder import log, model, options
 from builder.errors import ConfigError, ToolMissingError, VerifyError
 from builder.matrix import Check, HubModel
 
@@ -36,11 +35,11 @@ def download(cache: Path, hub: HubModel) -> Path:
         hf: Any = importlib.import_module("huggingface_hub")
     except ImportError:
         raise ToolMissingError("a check with a hub model needs huggingface_hub: pip install huggingface_hub") from None
-    token = "with HF_TOKEN" if os.environ.get("HF_TOKEN") else "without a token (set HF_TOKEN for a gated model)"
+    token = "with HF_TOKEN" if options.env("HF_TOKEN") else "without a token (set HF_TOKEN for a gated model)"
     with log.step(f"Fetching {hub.id} at {hub.revision} from the Hugging Face Hub into {cache / 'hub'} ({token})"):
         try:
             # HF_ENDPOINT (a team's mirror of the Hub) as it is now, not as it was when the library loaded.
-            endpoint = os.environ.get("HF_ENDPOINT") or None
+            endpoint = options.env("HF_ENDPOINT") or None
             folder = hf.snapshot_download(repo_id=hub.id, revision=hub.revision, cache_dir=cache / "hub", endpoint=endpoint)
         except (hf.errors.GatedRepoError, hf.errors.RepositoryNotFoundError, hf.errors.RevisionNotFoundError) as exc:
             what = f"{hub.id}@{hub.revision}: {_first_line(exc)}"

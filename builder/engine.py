@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,75 +30,14 @@ import docker.errors
 import requests
 from docker.models.containers import Container as SdkContainer
 
-from builder import buildcache, cmd, log, signals
+from builder import cmd, log, signals
+from builder.buildkit import BuildCli, find_build_cli
 from builder.errors import BuildError, EngineError
 
 ENGINE_HELP = (
     "start a Docker engine (on Debian: apt-get install docker.io, then "
     "dockerd --bridge=none --iptables=false --ip-masq=false &) or point DOCKER_HOST at one"
 )
-
-
-@dataclass(frozen=True)
-class BuildCli:
-    """How to invoke BuildKit: the command prefix and the environment it needs."""
-
-    prefix: tuple[str, ...]
-    env: tuple[tuple[str, str], ...]
-    # What its BuildKit can do with a build cache (buildcache.choose reads it).
-    builder: buildcache.Builder
-
-
-def find_build_cli(candidates: Sequence[str] | None = None) -> BuildCli:
-    """The first docker CLI that can drive BuildKit; ``SPARKBUILD_DOCKER_CLI`` picks one."""
-    chosen = os.environ.get("SPARKBUILD_DOCKER_CLI")
-    names = [chosen] if chosen else list(candidates or (shutil.which("docker") or "", "/usr/bin/docker"))
-    tried = []
-    for name in dict.fromkeys(n for n in names if n):
-        if not Path(name).exists() and shutil.which(name) is None:
-            tried.append(f"{name} (not found)")
-            continue
-        if _quiet([name, "buildx", "version"]):
-            builder = buildcache.Builder(buildx=True, driver=_buildx_driver(name))
-            return BuildCli(prefix=(name, "buildx", "build"), env=(), builder=builder)
-        version = _client_version(name)
-        major = version.split(".")[0]
-        if major.isdigit() and int(major) < 23:
-            builder = buildcache.Builder(buildx=False, driver="docker", client=version)
-            return BuildCli(prefix=(name, "build"), env=(("DOCKER_BUILDKIT", "1"),), builder=builder)
-        tried.append(f"{name} (client {version or None}, no buildx)")
-    raise EngineError(
-        f"no docker CLI that can run BuildKit builds: tried {', '.join(tried) or 'none'}; "
-        "install buildx (apt-get install docker-buildx) or Debian's docker.io client, "
-        "or set SPARKBUILD_DOCKER_CLI"
-    )
-
-
-def _quiet(args: list[str]) -> bool:
-    return subprocess.run(args, capture_output=True, check=False).returncode == 0
-
-
-def _client_version(name: str) -> str:
-    result = subprocess.run([name, "version", "--format", "{{.Client.Version}}"], capture_output=True, text=True, check=False)
-    return result.stdout.strip()
-
-
-def _buildx_driver(name: str) -> str:
-    """The current buildx builder's driver ("docker", "docker-container", ...); "unknown" when
-    ``buildx inspect`` does not say, which gets the inline cache every driver can carry."""
-    args = [name, "buildx", "inspect"]
-    log.info(cmd.show(args))
-    result = subprocess.run(args, capture_output=True, text=True, check=False)
-    return buildx_driver(result.stdout) if result.returncode == 0 else "unknown"
-
-
-def buildx_driver(inspect_output: str) -> str:
-    """The ``Driver:`` of ``docker buildx inspect``'s output (its first builder node's)."""
-    for line in inspect_output.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "Driver" and value.strip():
-            return value.strip()
-    return "unknown"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,7 +1,7 @@
 """Typed failures, each with its own exit code; caught once in ``cli.main``.
 
 A message says what went wrong and what to do next; no traceback reaches the user. ``EXIT_CODES``
-is the one table of exit codes: the README's table is held to it by a test.
+is the one table of exit codes: the documentation's table (docs/commands.md) is held to it by a test.
 """
 
 from __future__ import annotations

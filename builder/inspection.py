@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
-from builder import attest, provenance, referrers, sbom, wheels
+from builder import attest, options, provenance, referrers, sbom, wheels
 from builder.errors import ConfigError, PublishError
-from builder.registry import Registry, check_address
+from builder.net import check_address
+from builder.registry import Registry
 
 
 def parse_image(image: str, registry: str | None) -> tuple[str, str, str]:
@@ -25,7 +25,7 @@ def parse_image(image: str, registry: str | None) -> tuple[str, str, str]:
     first, slash, rest = name.partition("/")
     if slash and ("." in first or ":" in first or first == "localhost"):
         return check_address(first), rest, digest or tag
-    host = registry or os.environ.get("SPARKBUILD_REGISTRY")
+    host = registry or options.env("SPARKBUILD_REGISTRY")
     if not host:
         raise ConfigError(
             f"inspect {image}: no registry in the name; give host/repository:tag, --registry or SPARKBUILD_REGISTRY"

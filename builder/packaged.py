@@ -12,8 +12,16 @@ from typing import Literal
 
 Kind = Literal["dockerfiles", "patches"]
 
+# The package's own folder, found from this module's dotted name: the same answer wherever the
+# module sits inside the package.
+ROOT = Path(__file__).resolve().parents[__name__.count(".") - 1]
+
 
 def folder(kind: Kind) -> Path:
-    package = Path(__file__).resolve().parent
-    installed = package / "resources" / kind
-    return installed if installed.is_dir() else package.parent / kind
+    installed = ROOT / "resources" / kind
+    return installed if installed.is_dir() else ROOT.parent / kind
+
+
+def resource(name: str) -> Path:
+    """A file of the package's ``resources/`` (defaults, kernel paths, the starter matrix, scripts)."""
+    return ROOT / "resources" / name

@@ -32,7 +32,6 @@ from builder import (
     disk,
     doctor,
     fsutil,
-    gitrepo,
     kernelpath,
     log,
     patch,
@@ -162,6 +161,10 @@ class Context:
         """The source tree at ``source.commit``: one worktree of the mirror per repository, moved
         from commit to commit (a new worktree costs seconds, moving it milliseconds)."""
         assert source.commit is not None
+        # Imported here for start-up: gitpython takes a few hundred ms to import, and only a target
+        # built from a git source needs it (tests/unit/test_cli_imports.py).
+        from builder import gitrepo
+
         mirror = gitrepo.Mirror(self.opts.cache, source.repo)
         return mirror.checkout(source.commit, self.work / "trees" / mirror.path.stem)
 

@@ -11,17 +11,30 @@ import configparser
 import fnmatch
 import hashlib
 import json
-import os
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder import __version__, base_image, externals, fsutil, lock, matrix, patch, project, render, toolchain
+from builder import (
+    __version__,
+    base_recipe,
+    cuda_layout,
+    externals,
+    fsutil,
+    lock,
+    matrix,
+    patch,
+    project,
+    render,
+    serve_defaults,
+    toolchain,
+    vllm_setup,
+)
 from builder.errors import ConfigError
 from builder.matrix import Target
-from builder.options import Options, defaults
+from builder.options import Options, defaults, env
 from builder.patch import bundle as patch_bundle
 from builder.patch import pullrequest
 
@@ -34,7 +47,8 @@ STAGE_REPOSITORY = "sparkbuild/stages"
 # The first CUDA major whose PyPI wheels carry nvcc (the runtime's JIT compiler comes from PyPI from it on).
 JIT_WHEELS_FROM = 13
 # sparkbuild modules a stage runs as scripts inside the image.
-IMAGE_SCRIPTS = ("cuda_layout.py", "serve_defaults.py", "vllm_setup.py")
+# Standalone scripts of sparkbuild's that run in the image (standard library only), by context name.
+IMAGE_SCRIPTS = {"cuda_layout.py": cuda_layout, "serve_defaults.py": serve_defaults, "vllm_setup.py": vllm_setup}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,7 +204,7 @@ def lane_targets(m: matrix.Matrix, opts: Options, lane: str) -> tuple[Target, ..
     """The targets of ``lane`` that ``--only`` and ``--profile`` select."""
     in_lane = tuple(t for t in m.targets if t.lane == lane)
     if not in_lane:
-        raise ConfigError(f"{opts.matrix}: no target has lane: {lane}; add one (see the README's lanes)")
+        raise ConfigError(f"{opts.matrix}: no target has lane: {lane}; add one (see docs/lanes.md)")
     return select(in_lane, opts.only, opts.profile)
 
 
@@ -208,7 +222,7 @@ def lane_ids(opts: Options, lane: str) -> tuple[str, ...]:
 
 
 def plan_target(target: Target, patch_folders: Mapping[str, Path], opts: Options) -> TargetPlan:
-    base_ref, base_identity = base_image.reference(target.base, target.platform)
+    base_ref, base_identity = base_recipe.reference(target.base, target.platform)
     patches = {name: patch.digest(patch_folders[name]) for name in target.patches}
     templates = project.profile_folder(opts, target.profile)
     stages = plan_stages(target, patch_folders, opts, templates.path)
@@ -269,7 +283,7 @@ def _git_input(source: matrix.GitSource | None) -> dict[str, Any] | None:
 
 def template_variables(target: Target) -> dict[str, Any]:
     """What the stage templates see. Everything here is an input of the stage that uses it."""
-    refs = {name: base_image.reference(b, target.platform)[0] for name, b in bases(target).items()}
+    refs = {name: base_recipe.reference(b, target.platform)[0] for name, b in bases(target).items()}
     spark: dict[str, Any] = defaults()["spark_runtime"]
     return {
         "target": target,
@@ -350,11 +364,10 @@ def resources(target: Target, patch_folders: Mapping[str, Path]) -> dict[str, re
             # An upstream PR: its fetched files (by sha256, so the stage hash holds still) go with it,
             # and the source stage merges them without fetching.
             patch_files += [(f"patches/{name}/{rel}", data) for rel, data in pullrequest.materialized(folder, spec)]
-    package = Path(__file__).resolve().parent
     # The patch engine as a source stage runs it: the modules builder.patch.bundle derives.
     engine = [(f"sparkbuild/{path}", data) for path, data in patch_bundle.files()]
     # Standalone scripts of sparkbuild's that run in the image (standard library only).
-    scripts = {name: ((name, (package / name).read_bytes()),) for name in IMAGE_SCRIPTS}
+    scripts = {name: ((name, Path(str(module.__file__)).read_bytes()),) for name, module in IMAGE_SCRIPTS.items()}
     serve = json.dumps(target.serve.defaults_json()).encode()
     return {
         "patches": tuple(patch_files),
@@ -398,7 +411,7 @@ def labels(target: Target, base_identity: str, patches: dict[str, str], content_
 
 def base_name(base: matrix.Base, platform: str) -> str:
     """A base as a label shows it: the pinned image, or the made image's content-addressed name."""
-    return base.image or base_image.reference(base, platform)[0]
+    return base.image or base_recipe.reference(base, platform)[0]
 
 
 def _check_tag_clash(plans: tuple[TargetPlan, ...]) -> None:
@@ -453,9 +466,9 @@ def _find_wheel(folder: Path, version: str, platform: str) -> Path | None:
 
 def _pip_find_links() -> list[Path]:
     """``find-links`` folders from PIP_FIND_LINKS and pip's configuration files."""
-    values = os.environ.get("PIP_FIND_LINKS", "").split()
+    values = env("PIP_FIND_LINKS", "").split()
     files = [
-        os.environ.get("PIP_CONFIG_FILE", ""),
+        env("PIP_CONFIG_FILE", ""),
         "/etc/pip.conf",
         "/etc/xdg/pip/pip.conf",
         str(Path.home() / ".config/pip/pip.conf"),

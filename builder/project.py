@@ -11,13 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from builder import packaged
 from builder.errors import ConfigError
-
-if TYPE_CHECKING:
-    from builder.options import Options
+from builder.options import Options
 
 PACKAGED = "packaged"
 BESIDE = "beside the matrix"

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from builder import __version__, base_image, cmd, log, plan, sbom
+from builder import __version__, base_recipe, cmd, log, plan
 
 MEDIA_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -118,10 +118,10 @@ def resolved_dependencies(p: plan.TargetPlan, files: Files) -> list[dict[str, An
     """Every material: each source at its commit, each base image by digest (or by recipe for a
     base sparkbuild makes), each patch's hash, the matrix and the lock file."""
     found: list[dict[str, Any]] = [
-        {"uri": f"git+{repo}", "name": name, "digest": {"gitCommit": commit}} for name, repo, commit in sbom.sources(p.inputs)
+        {"uri": f"git+{repo}", "name": name, "digest": {"gitCommit": commit}} for name, repo, commit in sources(p.inputs)
     ]
     for role, base in plan.bases(p.target).items():
-        ref, identity = base_image.reference(base, p.target.platform)
+        ref, identity = base_recipe.reference(base, p.target.platform)
         kind, _, value = identity.partition(":")
         digest = {"sha256": value} if kind == "sha256" else {"sparkbuildRecipe": identity}
         found.append({"uri": f"oci://{ref.rsplit('@', 1)[0]}", "name": f"base:{role}", "digest": digest})
@@ -154,3 +154,21 @@ def materials(document: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The resolved dependencies of a statement (what ``inspect`` lists)."""
     definition = (document.get("predicate") or {}).get("buildDefinition") or {}
     return list(definition.get("resolvedDependencies") or ())
+
+
+SOURCE_INPUTS = ("vllm", "candidate", "triton", "flashinfer", "cutlass")
+
+
+def sources(inputs: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """(name, repository URL, commit) of every component built from source, from a plan's inputs
+    (the manifest in the image): vLLM, its candidate, Triton, FlashInfer, CUTLASS and vLLM's
+    external projects. The SBOM lists the same."""
+    found = []
+    for name in SOURCE_INPUTS:
+        source = inputs.get(name) or {}
+        if source.get("commit") and source.get("repo"):
+            found.append((name, str(source["repo"]), str(source["commit"])))
+    for external in inputs.get("externals") or ():
+        if external.get("commit") and external.get("repo"):
+            found.append((str(external["name"]), str(external["repo"]), str(external["commit"])))
+    return found

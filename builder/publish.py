@@ -10,17 +10,15 @@ registry) finishes the move before anything else, saying which tags it moves.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
-import tenacity
-
 from builder import attest, log, sign
-from builder.engine import Engine, PushFailed, PushStalled
+from builder.engine import Engine
 from builder.errors import PublishError
+from builder.options import UNSIGNED, Signer
 from builder.plan import TargetPlan
+from builder.push import push_image
 from builder.registry import Registry
-from builder.sign import Signer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,38 +28,6 @@ class Published:
     tags: tuple[str, ...]
     # What signed it: "cosign (key)", "cosign (keyless)", or "unsigned" (said with a warning).
     signature: str
-
-
-def push_image(engine: Engine, registry: Registry, repository: str, tag: str) -> str:
-    """``engine.push`` of ``repository:tag`` (a name in ``registry``), pushed again whole when the
-    daemon gives up (it retries each layer itself first), within the push deadline."""
-    limits = registry.limits
-    deadline = time.monotonic() + limits.push_deadline_s
-    retrying = tenacity.Retrying(
-        stop=tenacity.stop_after_attempt(limits.push_attempts),
-        wait=tenacity.wait_random_exponential(multiplier=limits.backoff_initial_s, max=limits.backoff_max_s),
-        retry=tenacity.retry_if_exception(lambda e: isinstance(e, PushFailed) and not isinstance(e, PushStalled)),
-        before_sleep=lambda state: log.warning(
-            f"{state.outcome.exception() if state.outcome else ''}; pushing again "
-            f"(try {state.attempt_number + 1} of {limits.push_attempts})"
-        ),
-        reraise=True,
-    )
-    try:
-        for attempt in retrying:
-            with attempt:
-                return engine.push(repository, tag, stall_s=limits.push_stall_s, deadline=deadline)
-    except PushStalled as exc:
-        raise PublishError(
-            f"{exc} (push_stall_s {limits.push_stall_s:g}, push_deadline_s {limits.push_deadline_s:g}); nothing was "
-            f"tagged. The engine may keep the stalled upload open until {registry.host} drops it; check that registry "
-            "(its disk, a proxy in front of it), then rerun"
-        ) from None
-    except PushFailed as exc:
-        raise PublishError(
-            f"{exc} ({limits.push_attempts} tries); nothing was tagged; rerun when {registry.host} is healthy"
-        ) from None
-    raise AssertionError("tenacity ends with a result or an exception")
 
 
 def push(
@@ -101,7 +67,7 @@ def move_tags(
     """Sign ``digest`` (already in the registry) and check the signature; then point every readable
     tag at it, then, for an image that passed verify, the target's last-good tag; saying which move."""
     reference = f"{registry.host}/{plan.repository}@{digest}"
-    signature = sign.ensure_signed(signer or sign.Signer(mode="none", why=sign.UNSIGNED), reference, registry.host)
+    signature = sign.ensure_signed(signer or Signer(mode="none", why=UNSIGNED), reference, registry.host)
     point(registry, plan.repository, plan.tags, digest)
     last_good = (last_good_tag(plan.id),) if verified else ()
     point(registry, plan.repository, last_good, digest)

@@ -13,15 +13,13 @@ from __future__ import annotations
 import ctypes
 import email.utils
 import hashlib
-import ipaddress
-import os
 import re
 import shutil
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,8 +29,10 @@ from urllib.parse import urljoin, urlsplit
 import requests
 import tenacity
 
-from builder import __version__, cmd, fsutil, log, runlock, signals
-from builder.errors import ConfigError, EngineError, PublishError, ToolMissingError
+from builder import __version__, cmd, fsutil, log, options, runlock, signals
+from builder.errors import EngineError, PublishError, ToolMissingError
+from builder.net import check_address, free_port, is_loopback
+from builder.options import Limits, default_limits
 
 MANIFEST_TYPES = (
     "application/vnd.oci.image.index.v1+json",
@@ -50,56 +50,6 @@ REFUSED = {
     403: "forbidden: these credentials may not do this on this repository; ask the registry's owner for access",
     404: "not found: no such repository or manifest here; check --registry and the repository name",
 }
-
-
-@dataclass(frozen=True, kw_only=True)
-class Limits:
-    """How hard to try (``defaults.yaml`` ``registry:``; the push limits also from the environment)."""
-
-    attempts: int
-    backoff_initial_s: float
-    backoff_max_s: float
-    retry_after_max_s: float
-    give_up_after_s: float
-    timeout_s: float
-    push_attempts: int
-    push_stall_s: float
-    push_deadline_s: float
-
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, Any], **overrides: Any) -> Limits:
-        values = {**{k: data[k] for k in cls.__dataclass_fields__}, **overrides}
-        return cls(**values)
-
-
-def default_limits() -> Limits:
-    from builder import options  # options reads the defaults file and imports this module
-
-    return Limits.from_mapping(options.defaults()["registry"])
-
-
-def split_host(address: str) -> tuple[str, int | None]:
-    """``host[:port]`` (``[::1]:5000`` too) -> (host name or address, port); refuses anything else."""
-    try:
-        parts = urlsplit(f"//{address}")
-        host, port = parts.hostname, parts.port
-    except ValueError:
-        host = port = None
-    if not host or parts.path or parts.query or parts.username or not re.fullmatch(r"[A-Za-z0-9.\-:\[\]]+", address):
-        raise ConfigError(f"registry '{address}': expected HOST or HOST:PORT, like 127.0.0.1:5000 or registry.example.com")
-    return host, port
-
-
-def is_loopback(address: str) -> bool:
-    """True for a loopback IP address (127.0.0.0/8, ::1) or the name ``localhost`` itself: parsed, so
-    ``127.0.0.1.nip.io`` and ``localhost.evil.example`` are not."""
-    host, _ = split_host(address)
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _authority(url: str) -> tuple[str, str, int]:
@@ -198,8 +148,8 @@ class Registry:
         host = check_address(address)
         return cls(
             host,
-            os.environ.get("SPARKBUILD_REGISTRY_USER"),
-            os.environ.get("SPARKBUILD_REGISTRY_PASSWORD"),
+            options.env("SPARKBUILD_REGISTRY_USER"),
+            options.env("SPARKBUILD_REGISTRY_PASSWORD"),
             limits or default_limits(),
             token_hosts,
         )
@@ -480,25 +430,6 @@ def _errors(response: requests.Response) -> str:
     except (ValueError, AttributeError):
         text = ""
     return f" ({text[:200]})" if text else ""
-
-
-def check_address(address: str) -> str:
-    """``host[:port]`` of a registry, from the command line or SPARKBUILD_REGISTRY; a scheme may be
-    given, but plain HTTP only for loopback."""
-    scheme, _, rest = address.rpartition("://")
-    host = rest.rstrip("/")
-    split_host(host)
-    if scheme not in ("", "http", "https"):
-        raise ConfigError(f"registry '{address}': the scheme is http:// or https://")
-    if scheme == "http" and not is_loopback(host):
-        raise ConfigError(f"registry '{address}': plain HTTP only to a loopback address; drop http:// to use HTTPS")
-    return host
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 CONFIG = """\

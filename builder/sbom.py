@@ -19,10 +19,9 @@ from cyclonedx.model.bom import Bom
 from cyclonedx.model.component import Component, ComponentType
 from cyclonedx.output import make_outputter
 from cyclonedx.schema import OutputFormat, SchemaVersion
-from cyclonedx.validation.json import JsonStrictValidator
 from packageurl import PackageURL
 
-from builder import __version__, log
+from builder import __version__, log, provenance
 from builder.errors import PublishError
 
 if TYPE_CHECKING:
@@ -38,7 +37,6 @@ MANIFEST = "/opt/sparkbuild/manifest.json"
 # /etc/os-release is often a link to the other (os-release(5)).
 OS_RELEASE = ("/etc/os-release", "/usr/lib/os-release")
 # The source components of the plan's inputs (``plan.TargetPlan.inputs``) and what they are.
-SOURCE_INPUTS = ("vllm", "candidate", "triton", "flashinfer", "cutlass")
 # pip's report names hash algorithms as hashlib does.
 HASHES = {"sha256": HashAlgorithm.SHA_256, "sha384": HashAlgorithm.SHA_384, "sha512": HashAlgorithm.SHA_512}
 
@@ -211,21 +209,6 @@ def deb_components(debs: Iterable[Deb], distro: str) -> list[Component]:
     ]
 
 
-def sources(inputs: Mapping[str, Any]) -> list[tuple[str, str, str]]:
-    """(name, repository URL, commit) of every component built from source, from a plan's inputs
-    (the manifest in the image): vLLM, its candidate, Triton, FlashInfer, CUTLASS and vLLM's
-    external projects. Provenance lists the same."""
-    found = []
-    for name in SOURCE_INPUTS:
-        source = inputs.get(name) or {}
-        if source.get("commit") and source.get("repo"):
-            found.append((name, str(source["repo"]), str(source["commit"])))
-    for external in inputs.get("externals") or ():
-        if external.get("commit") and external.get("repo"):
-            found.append((str(external["name"]), str(external["repo"]), str(external["commit"])))
-    return found
-
-
 def source_components(inputs: Mapping[str, Any]) -> list[Component]:
     return [
         Component(
@@ -237,7 +220,7 @@ def source_components(inputs: Mapping[str, Any]) -> list[Component]:
             external_references=[ExternalReference(type=ExternalReferenceType.VCS, url=XsUri(f"{repo}@{commit}"))],
             properties=_props("source", commit=commit, repository=repo),
         )
-        for name, repo, commit in sources(inputs)
+        for name, repo, commit in provenance.sources(inputs)
     ]
 
 
@@ -251,6 +234,11 @@ def _git_purl(name: str, repo: str, commit: str) -> PackageURL:
 
 def to_json(bom: Bom) -> str:
     """CycloneDX JSON, checked against the schema first: an SBOM that does not validate is not attached."""
+    # Imported here, not with the module: the validator loads jsonschema with its format checkers,
+    # whose IRI grammar is compiled at import (seconds on two busy cores), and only making an SBOM
+    # needs it; a nightly with nothing to publish does not (tests/unit/test_cli_imports.py).
+    from cyclonedx.validation.json import JsonStrictValidator
+
     text = make_outputter(bom, OutputFormat.JSON, SCHEMA).output_as_string(indent=2)
     error = JsonStrictValidator(SCHEMA).validate_str(text)
     if error is not None:

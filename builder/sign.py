@@ -19,65 +19,16 @@ before any readable tag moves.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
 
-from builder import cmd, log
-from builder.errors import ConfigError, PublishError, ToolMissingError
-from builder.registry import is_loopback
+from builder import cmd, log, options
+from builder.errors import PublishError, ToolMissingError
+from builder.net import is_loopback
+from builder.options import COSIGN_KEY, Signer
 
-Setting = Literal["auto", "key", "keyless", "off"]
-SETTINGS: tuple[Setting, ...] = get_args(Setting)
-KEY_ENV = "SPARKBUILD_COSIGN_KEY"
-PUB_ENV = "SPARKBUILD_COSIGN_PUB"
 GITHUB_ISSUER = "https://token.actions.githubusercontent.com"
-UNSIGNED = (
-    "not signed: no signer configured. Set SPARKBUILD_COSIGN_KEY and COSIGN_PASSWORD (a cosign key pair), "
-    "or SPARKBUILD_SIGN=keyless on a GitHub runner with id-token: write; SPARKBUILD_SIGN=off says it is meant"
-)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Signer:
-    mode: Literal["key", "keyless", "none"]
-    # Why there is none ("off" asked for, or nothing configured): said with every image.
-    why: str = ""
-    tlog: bool = True
-    identity: str = ""
-
-    @classmethod
-    def from_env(cls, setting: str, env: Mapping[str, str]) -> Signer:
-        if setting not in SETTINGS:
-            raise ConfigError(f"SPARKBUILD_SIGN={setting!r}: expected one of {', '.join(SETTINGS)}")
-        tlog = _flag("SPARKBUILD_COSIGN_TLOG", env.get("SPARKBUILD_COSIGN_TLOG", "1"))
-        if setting == "off":
-            return cls(mode="none", why="not signed (SPARKBUILD_SIGN=off)")
-        if setting == "keyless":
-            repository = env.get("GITHUB_REPOSITORY", "")
-            identity = env.get("SPARKBUILD_SIGN_IDENTITY") or (f"^https://github.com/{repository}/" if repository else "")
-            if not identity:
-                raise ConfigError("SPARKBUILD_SIGN=keyless: set SPARKBUILD_SIGN_IDENTITY (the signer's identity, a regex)")
-            return cls(mode="keyless", identity=identity)
-        if env.get(KEY_ENV):
-            return cls(mode="key", tlog=tlog)
-        if setting == "key":
-            raise ConfigError(f"SPARKBUILD_SIGN=key: set {KEY_ENV} (a cosign private key) and COSIGN_PASSWORD")
-        return cls(mode="none", why=UNSIGNED)
-
-    def describe(self) -> str:
-        """The summary row's word for what was done."""
-        return {"key": "cosign (key)", "keyless": "cosign (keyless)", "none": "unsigned"}[self.mode]
-
-
-def _flag(name: str, text: str) -> bool:
-    if text not in ("0", "1"):
-        raise ConfigError(f"{name}={text!r}: expected 1 or 0")
-    return text == "1"
 
 
 def cosign() -> str:
@@ -93,7 +44,7 @@ def sign_args(signer: Signer, reference: str, host: str) -> list[str]:
     """``cosign sign`` of ``reference`` (``host/repo@sha256:...``), as an argument list."""
     args = [cosign(), "sign", "--yes"]
     if signer.mode == "key":
-        args += ["--key", f"env://{KEY_ENV}"]
+        args += ["--key", f"env://{COSIGN_KEY}"]
         if not signer.tlog:
             args.append("--tlog-upload=false")
     return [*args, *_http(host), reference]
@@ -138,10 +89,11 @@ def ensure_signed(signer: Signer, reference: str, host: str) -> str:
 def _public_key(work: Path) -> Path:
     """``SPARKBUILD_COSIGN_PUB``, or the public half of the private key."""
     path = work / "cosign.pub"
-    if os.environ.get(PUB_ENV):
-        path.write_text(os.environ[PUB_ENV])
+    public = options.env("SPARKBUILD_COSIGN_PUB")
+    if public:
+        path.write_text(public)
         return path
-    derived = _cosign([cosign(), "public-key", "--key", f"env://{KEY_ENV}"], "the key", "reading the public key of")
+    derived = _cosign([cosign(), "public-key", "--key", f"env://{COSIGN_KEY}"], "the key", "reading the public key of")
     path.write_text(derived)
     return path
 

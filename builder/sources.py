@@ -9,7 +9,6 @@ not used, so a mirror that serves only the simple index works too (``SPARKBUILD_
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shutil
 import sys
@@ -27,7 +26,7 @@ from urllib.parse import urldefrag, urljoin
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from builder import cmd, log
+from builder import cmd, log, options
 from builder.errors import ConfigError, SourceError
 
 DEFAULT_SIMPLE_INDEX = "https://pypi.org/simple/"
@@ -58,7 +57,7 @@ class _Links(HTMLParser):
 
 
 def simple_index() -> str:
-    return os.environ.get("SPARKBUILD_PYPI_SIMPLE", DEFAULT_SIMPLE_INDEX).rstrip("/") + "/"
+    return options.env("SPARKBUILD_PYPI_SIMPLE", DEFAULT_SIMPLE_INDEX).rstrip("/") + "/"
 
 
 def index_links(project: str, index: str | None = None, suffix: str = "") -> dict[str, IndexLink]:

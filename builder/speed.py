@@ -13,14 +13,14 @@ import json
 import time
 from pathlib import Path
 
-from builder import benchmark, log
+from builder import benchmark, log, packaged
 from builder.benchmark import Benchmark, Figures, Run
 from builder.engine import Engine
 from builder.errors import EngineError, VerifyError
 from builder.matrix import Check
 
 # The image's entrypoint starts the server, so it is replaced by its Python and the runner.
-RUNNER = Path(__file__).parent / "resources" / "vllm_bench.py"
+RUNNER = packaged.resource("vllm_bench.py")
 RUNNER_IN_IMAGE = "/sparkbuild/vllm_bench.py"
 RESULTS = "/results"
 TOKENIZER = "/model"

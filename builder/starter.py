@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import os
-from importlib import resources
 from pathlib import Path
 
-from builder import log
+from builder import log, packaged
 from builder.errors import ConfigError
 
 STARTER = "starter-matrix.yaml"
 
 
 def text() -> str:
-    return (resources.files("builder") / "resources" / STARTER).read_text(encoding="utf-8")
+    return packaged.resource(STARTER).read_text(encoding="utf-8")
 
 
 def write(path: Path) -> Path:

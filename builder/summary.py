@@ -11,12 +11,11 @@ Pure: reads files, never Docker or the network; light, so ``sparkbuild summary``
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from builder import log, yamlsrc
+from builder import log, options, yamlsrc
 from builder.errors import ConfigError
 
 Row = dict[str, Any]
@@ -117,10 +116,10 @@ def speeds(rows: Sequence[Row]) -> str:
 def plot_line(plot: str) -> str:
     """Where the plot is: in GitHub Actions a link to the run's artifacts (the target's job uploads
     its sparkbuild-out/, the plot at ``<target>/benchmark.png`` in it), else its path."""
-    run, repository = os.environ.get("GITHUB_RUN_ID"), os.environ.get("GITHUB_REPOSITORY")
+    run, repository = options.env("GITHUB_RUN_ID"), options.env("GITHUB_REPOSITORY")
     if not (run and repository) or plot in ("", "None"):
         return f"plot: {plot}"
-    server = os.environ.get("GITHUB_SERVER_URL", "https://github.com")
+    server = options.env("GITHUB_SERVER_URL", "https://github.com")
     inside = "/".join(Path(plot).parts[-2:])
     return f"plot: [{inside}]({server}/{repository}/actions/runs/{run}#artifacts) (in the target's artifact)"
 

@@ -5,10 +5,8 @@ No I/O: the plan passes in what it read from the host, so every rule is testable
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
@@ -17,7 +15,7 @@ from builder.matrix import BuildJobs
 
 GIB = 1024**3
 # Peak resident memory of one nvcc process compiling one gencode target of vLLM's heaviest units
-# (CUTLASS grouped GEMMs, FlashAttention), with headroom: see GB_PER_COMPILE_MEASURED in the README.
+# (CUTLASS grouped GEMMs, FlashAttention), with headroom (docs/spark.md, build jobs).
 GB_PER_NVCC_THREAD = 5
 # Memory left to the OS, the engine and the linker.
 RESERVED_GB = 8
@@ -67,15 +65,6 @@ def build_jobs(free_memory: int, cores: int, arch_list: str = "12.1a", override:
     if override.max_jobs or override.nvcc_threads:
         why += "; set in the matrix (build_jobs)"
     return Jobs(max_jobs=max_jobs, nvcc_threads=threads, compiles=compiles, why=why)
-
-
-def host_resources() -> tuple[int, int]:
-    """(available memory in bytes, usable cores) of this machine, where BuildKit runs the compile."""
-    meminfo = Path("/proc/meminfo")
-    lines = meminfo.read_text(encoding="ascii").splitlines() if meminfo.is_file() else []
-    found = [int(line.split()[1]) * 1024 for line in lines if line.startswith("MemAvailable:")]
-    available = found[0] if found else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-    return available, len(os.sched_getaffinity(0))
 
 
 FIRST_FLASHINFER = Version("0.5.3")

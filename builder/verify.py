@@ -23,7 +23,7 @@ from builder.benchmark import Benchmark
 from builder.engine import Container, Engine
 from builder.errors import FatalError, VerifyError
 from builder.matrix import Check, Prompt
-from builder.registry import free_port
+from builder.net import free_port
 
 MODEL_NAME = "sparkbuild-check"
 # The server's whole log, beside verify.json, pass or fail: what the kernel-path gate read.

@@ -3,77 +3,23 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
 from urllib.parse import urljoin
 
 import pytest
 import requests
 import yaml
 
-from builder import base_image, build, gitrepo, host, matrix, options, plan
+from builder import base_image, build, matrix, options, plan
 from builder.engine import Engine
 from builder.registry import Registry, embedded
+from tests.support import ROOT
+from tests.support import matrix as support_matrix
+from tests.support.matrix import MatrixWriter
 
-ROOT = Path(__file__).resolve().parent.parent
-# The local profile builds and serves for this host's own platform (the shipped matrix names none):
-# tests that build or run an image, or name the local target, take it from here, so the suite runs
-# the same on x86_64 and aarch64.
-LOCAL_PLATFORM = host.host_platform()
-
-
-def local_id(version: str = "0.32.0") -> str:
-    """The id of a local target of vLLM ``version`` (``rc`` in the rc lane) on this host:
-    ``vllm-0.32.0-cpu-amd64`` on x86_64, ``vllm-0.32.0-cpu-arm64`` on aarch64."""
-    return matrix.target_id(version, None, "", LOCAL_PLATFORM)
-
-
-CHECKS = """\
-checks:
-  alphabet:
-    model: alphabet
-    prompts:
-      - {name: completion, api: completions, prompt: "c d e f", expect: " g h i j", max_tokens: 4}
-bases:
-  deb:
-    debootstrap: {suite: bookworm, mirror: "http://deb.debian.org/debian", include: [python3]}
-"""
-
-
-PATCH_YAML = """\
-summary: test patch {name}
-why: a patch folder for the matrix tests
-component: vllm
-versions: ">=0.1"
-upstream: {{links: []}}
-change: {{diff: fix.diff}}
-"""
-
-
-def quick_checks(path: Path) -> Path:
-    """Rewrite the matrix at ``path`` so that each check's benchmark runs one level once, eager.
-
-    For the tests whose subject is a lane, an installed tool or a report, not the speed: the README's
-    main job (tests/integration/test_nightly.py) runs the shipped checks in full, and
-    tests/integration/test_benchmark.py measures the benchmark itself."""
-    data = yaml.safe_load(path.read_text())
-    for check in data["checks"].values():
-        check.update(concurrency=[1], bench_repeats=1)
-        # Eager too: these tests build images of their own (their content differs), and each would
-        # compile anew; the compiled path is served by the main job's test (test_nightly.py).
-        args = check.setdefault("serve_args", [])
-        if "--enforce-eager" not in args:
-            args.append("--enforce-eager")
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
-
-
-class MatrixWriter(Protocol):
-    def __call__(self, body: str, with_checks: bool = True) -> Path: ...
+# Fixtures every test may use, wherever it lives: vLLM source trees and a real upstream of releases.
+pytest_plugins = ["tests.support.trees", "tests.support.upstream"]
 
 
 @pytest.fixture
@@ -81,14 +27,7 @@ def write_matrix(tmp_path: Path) -> MatrixWriter:
     """Write a matrix (checks and bases are prepended unless given) with a patches/ folder beside it."""
 
     def write(body: str, with_checks: bool = True) -> Path:
-        for name, diff in (("one", "--- a\n+++ b\n"), ("two", "two\n")):
-            (tmp_path / "patches" / name).mkdir(parents=True, exist_ok=True)
-            (tmp_path / "patches" / name / "fix.diff").write_text(diff)
-            (tmp_path / "patches" / name / "patch.yaml").write_text(PATCH_YAML.format(name=name))
-        text = (CHECKS if with_checks else "") + textwrap.dedent(body)
-        path = tmp_path / "matrix.yaml"
-        path.write_text(text)
-        return path
+        return support_matrix.write(tmp_path, body, with_checks)
 
     return write
 
@@ -167,25 +106,6 @@ def local_image(engine: Engine, base: str, cache: Path, tmp_path_factory: pytest
     return build.build(engine, p, opts).image
 
 
-def derived_image(engine: Engine, image: str, tag: str, steps: str, folder: Path, files: dict[str, str] | None = None) -> str:
-    """An image one layer away from ``image`` (``steps``: Dockerfile lines after its FROM; ``files``:
-    written into the build context), built for real: an input broken on purpose in one known way."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, text in (files or {}).items():
-        (folder / name).write_text(text)
-    (folder / "Dockerfile").write_text(f"FROM {image}\n{steps}\n")
-    engine.build(
-        context=folder,
-        tag=tag,
-        platform=LOCAL_PLATFORM,
-        labels={},
-        build_args={},
-        secrets={},
-        log_file=folder / "build.log",
-    )
-    return tag
-
-
 @pytest.fixture
 def registry(tmp_path: Path) -> Iterator[Registry]:
     """A real registry (Debian's docker-registry) on 127.0.0.1 for one test."""
@@ -193,30 +113,17 @@ def registry(tmp_path: Path) -> Iterator[Registry]:
         yield reg
 
 
-# --- real git repositories and the sparkbuild command, for tests that need them ------------------
-
-GIT_ENV = {
-    "GIT_AUTHOR_NAME": "Upstream Dev",
-    "GIT_AUTHOR_EMAIL": "dev@example.invalid",
-    "GIT_COMMITTER_NAME": "Upstream Dev",
-    "GIT_COMMITTER_EMAIL": "dev@example.invalid",
-    "PATH": "/usr/bin:/bin",
-}
+# Fixtures that need a running Docker engine. A test that uses one, directly or through another
+# fixture, must be marked `docker` (the markers are declared strictly in pyproject.toml), so that
+# `pytest -m "not docker"` selects exactly what runs without an engine.
+NEEDS_DOCKER = frozenset({"engine", "base"})
 
 
-def git(*args: str | Path, cwd: Path) -> str:
-    result = subprocess.run(["git", *map(str, args)], cwd=cwd, env=GIT_ENV, check=True, capture_output=True, text=True)
-    return result.stdout.strip()
-
-
-# One daemon for the tests and `sparkbuild rehearse --offline`: the package's own.
-git_daemon = gitrepo.daemon
-
-
-def run_sparkbuild(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """``sparkbuild ARGS`` as a user runs it (a new process), with ``env`` added to this one's."""
-    result = subprocess.run(
-        [sys.executable, "-m", "builder", *args], env={**os.environ, **env}, capture_output=True, text=True, cwd=ROOT
-    )
-    sys.stderr.write(result.stderr[-4000:])
-    return result
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unmarked = [
+        item.nodeid
+        for item in items
+        if NEEDS_DOCKER & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("docker") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(f"these tests use a Docker engine but are not marked docker: {', '.join(unmarked)}")

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from builder.patch import rules
 
-ROOT = Path(__file__).resolve().parents[2]  # the folder that holds the builder package
+PACKAGE = __name__.partition(".")[0]  # sparkbuild's own top-level package
+ROOT = Path(__file__).resolve().parents[__name__.count(".")]  # the folder that holds it
 ENTRY = "builder.patch.__main__"
 
 
@@ -49,8 +50,8 @@ def _imports(module: str) -> list[str]:
     found: list[str] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found += [a.name for a in node.names if a.name.split(".")[0] == "builder"]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.split(".")[0] == "builder":
+            found += [a.name for a in node.names if a.name.split(".")[0] == PACKAGE]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.split(".")[0] == PACKAGE:
             found.append(node.module)
             found += [f"{node.module}.{a.name}" for a in node.names if _exists(f"{node.module}.{a.name}")]
     return found

@@ -7,7 +7,6 @@ only to download a missing sdist, gitpython only for ``--candidate-from``.
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any, TypeVar
 import click
 from packaging.version import InvalidVersion, Version
 
-from builder import log, sources
+from builder import log, options, sources
 from builder.errors import ConfigError, PatchError
 from builder.patch import engine, meta, need, releases
 
@@ -24,10 +23,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def cache_dir() -> Path:
-    """The cache ``Options.from_env`` would give, without what Options imports to plan builds."""
-    from builder.options import default_cache
-
-    return Path(os.environ.get("SPARKBUILD_CACHE") or default_cache())
+    """The cache ``Options.from_env`` would give, without reading every other option."""
+    return Path(options.env("SPARKBUILD_CACHE") or options.default_cache())
 
 
 def emit_json(data: object) -> None:

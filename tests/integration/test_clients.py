@@ -19,7 +19,8 @@ import pytest
 
 from builder import matrix, verify
 from builder.engine import Engine
-from tests.conftest import ROOT, derived_image
+from tests.support import ROOT
+from tests.support.images import derived_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

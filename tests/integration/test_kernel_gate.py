@@ -23,10 +23,10 @@ import pytest
 from builder import build, matrix, model, plan, verify
 from builder.engine import Engine
 from builder.errors import VerifyError
+from builder.net import free_port
 from builder.options import Options
-from builder.registry import free_port
-from tests.conftest import ROOT
-from tests.unit.cli_runner import sparkbuild
+from tests.support import ROOT
+from tests.support.cli import in_process as sparkbuild
 
 pytestmark = pytest.mark.docker
 

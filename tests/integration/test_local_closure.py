@@ -12,7 +12,9 @@ import pytest
 from builder import closure, matrix
 from builder.errors import BuildError
 from builder.options import Options
-from tests.conftest import LOCAL_PLATFORM, ROOT, run_sparkbuild
+from tests.support import ROOT
+from tests.support.cli import run as run_sparkbuild
+from tests.support.matrix import LOCAL_PLATFORM
 
 
 def local_target(platform: str) -> matrix.Target:

@@ -29,8 +29,8 @@ from builder import host, matrix, model, runnable, verify
 from builder.engine import Engine
 from builder.errors import VerifyError
 from builder.moe import reference
-from builder.registry import free_port
-from tests.conftest import ROOT
+from builder.net import free_port
+from tests.support import ROOT
 
 pytestmark = [
     pytest.mark.docker,

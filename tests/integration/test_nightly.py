@@ -17,8 +17,8 @@ import pytest
 from builder import model
 from builder.engine import Engine
 from builder.registry import embedded
-from tests.conftest import local_id
-from tests.conftest import run_sparkbuild as sparkbuild
+from tests.support.cli import run as sparkbuild
+from tests.support.matrix import local_id
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 TARGET = local_id()

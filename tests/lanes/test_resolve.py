@@ -12,8 +12,8 @@ import requests
 from builder import externals, lock, plan, sources
 from builder.options import Options
 from builder.registry import Registry
-from tests.conftest import git
-from tests.lanes.conftest import Upstream, commit, spark_matrix, sparkbuild
+from tests.support.git import git
+from tests.support.upstream import Upstream, commit, spark_matrix, sparkbuild
 
 
 def push_manifest(registry: Registry, repository: str, tag: str) -> str:

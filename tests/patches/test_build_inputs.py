@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from builder import externals, toolchain, vllm_setup
-from tests.patches.conftest import RELEASES
+from tests.support.trees import RELEASES
 
 GIB = toolchain.GIB
 _SHA = re.compile(r"^[0-9a-f]{40}$")

@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 from builder.patch import bundle, rules
-from tests.patches.conftest import PATCHES
+from tests.support.trees import PATCHES
 
 BLOCKED = ("click", "docker", "jinja2", "requests", "git", "tqdm")
 # Run as `python3 -c`: refuse the blocked packages, then run the engine's __main__ from the copy.
@@ -92,7 +92,7 @@ def test_the_copied_engine_runs_with_the_heavy_packages_blocked(tmp_path: Path) 
 def test_a_blocked_import_is_refused_for_real(tmp_path: Path) -> None:
     """The blocker itself works: a module that needs requests fails in the same runner."""
     lib = copy_bundle(tmp_path / "lib")
-    (lib / "builder" / "patch" / "needs_requests.py").write_text("import requests\n")
+    (lib / bundle.PACKAGE / "patch" / "needs_requests.py").write_text("import requests\n")
     code = RUNNER.format(blocked=BLOCKED, lib=str(lib)).replace(
         "import builder.patch as entry", "import builder.patch.needs_requests as entry"
     )

@@ -25,14 +25,13 @@ import pytest
 
 from builder import sources
 from builder.errors import SourceError
-from tests.conftest import ROOT
-from tests.patches.conftest import TreeFactory
+from tests.support import cli
+from tests.support import ROOT
+from tests.support.trees import TreeFactory
 
 
 def sparkbuild(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "builder", *args], capture_output=True, text=True, cwd=ROOT, env={**os.environ, **(env or {})}
-    )
+    return cli.run(*args, env=env)
 
 
 def test_a_version_written_as_its_tag_is_the_release(pristine: TreeFactory) -> None:
@@ -121,7 +120,10 @@ def test_download_with_wrong_sha256_is_refused_and_discarded(
         sources.vllm_sdist("9.9.8", cache)
 
 
-FETCH = "from builder import sources; from pathlib import Path; import sys; sources.fetch(sources.sdist_link('9.9.9'), Path(sys.argv[1]))"
+FETCH = (
+    f"import {sources.__name__} as sources; from pathlib import Path; import sys; "
+    "sources.fetch(sources.sdist_link('9.9.9'), Path(sys.argv[1]))"
+)
 
 
 def test_a_download_in_a_ci_log_is_one_line_with_its_size(local_index: tuple[str, Path], tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ import pytest
 from builder.patch import cmake
 from builder.patch.rules import cmake_arch_sm121
 from builder import patch
-from tests.patches.conftest import RELEASES, TreeFactory, variants
+from tests.support.trees import RELEASES, TreeFactory, variants
 
 # Archs whose code runs on sm_121: its own cubins, plain or family 12.0 (same major, binary
 # compatible). An arch-specific 12.0a cubin does not load there.

@@ -9,7 +9,7 @@ Numbers: for each variant, a host program runs ``fp32_to_e2m1_software`` and eve
 function the rule rewrote (vec8 over float[8] and float2[4], vec16 where the header has it: the
 C++ translated from each asm block, the code a plain sm_121 runs), against an exact rational
 reference written here, and against CUDA's own host conversion ``__nv_cvt_float_to_fp4``.
-Compiles are cached by content (``tests/patches/nvcc.py``).
+Compiles are cached by content (``tests/support/nvcc.py``).
 """
 
 from __future__ import annotations
@@ -31,11 +31,10 @@ import numpy as np
 import pytest
 
 from builder import patch
-from tests.patches import nvcc
-from tests.patches.conftest import TreeFactory, Variant, variants
+from tests.support import DATA, nvcc
+from tests.support.trees import TreeFactory, Variant, variants
 
 pytestmark = pytest.mark.nvcc
-DATA = Path(__file__).parent / "data"
 HEADER = "nvfp4_utils.cuh"
 PLAIN_TARGETS = (nvcc.PLAIN_SM121, nvcc.COMPUTE_120)
 
@@ -57,7 +56,7 @@ def vec8_name(text: str) -> str:
 
 
 def compile_kernel(tree: Path, rel: str, gencode: str, kind: str, cache: Path) -> nvcc.Compiled:
-    """tests/patches/data/e2m1_kernel.cu against the header at ``rel`` (``kind``: -c, -ptx or a program)."""
+    """tests/data/e2m1_kernel.cu against the header at ``rel`` (``kind``: -c, -ptx or a program)."""
     header = (tree / rel).parent
     args = ["-std=c++17", f"-DVEC8={vec8_name((tree / rel).read_text())}", "-gencode", gencode]
     # csrc/ is an include folder of vLLM's own build (0.20-0.22 include "cuda_vec_utils.cuh" from it).

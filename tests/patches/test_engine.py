@@ -13,7 +13,8 @@ import pytest
 
 from builder import patch, sources
 from builder.errors import ConfigError, PatchError
-from tests.patches.conftest import PATCHES, TreeFactory, tree_hash
+from tests.support import cli
+from tests.support.trees import PATCHES, TreeFactory, tree_hash
 
 TARGET = "vllm/v1/attention/backends/flashinfer.py"  # a file every version has
 NEEDLE = "from dataclasses import dataclass"  # a line of it
@@ -147,12 +148,12 @@ def test_cli_check_exits_9_on_conflict_and_still_prints_json(tree_copy: TreeFact
     tree = tree_copy("0.11.0")
     patches = tmp_path / "patches"
     conflicting_patch(tree, patches, tmp_path)
-    args = [sys.executable, "-m", "builder", "patch", "check", "--source", str(tree), "--patches", str(patches), "--json"]
-    done = subprocess.run(args, capture_output=True, text=True, check=False)
+    args = ["patch", "check", "--source", str(tree), "--patches", str(patches), "--json"]
+    done = cli.run(*args)
     assert done.returncode == 9, done.stderr
     assert json.loads(done.stdout)["results"][0]["status"] == "conflict"
     before = tree_hash(tree)
-    apply = subprocess.run([*args[:4], "apply", *args[5:-1]], capture_output=True, text=True, check=False)
+    apply = cli.run(args[0], "apply", *args[2:-1])
     assert apply.returncode == 9
     assert "tree is untouched" in apply.stderr
     assert tree_hash(tree) == before

@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 from builder import externals
-from tests.patches.conftest import TreeFactory
+from tests.support.trees import TreeFactory
 from tests.patches.test_externals_submodules import FA_FILE, cmake_checkout, repo
 
 CUTE = "flash_attn/cute/interface.py"

@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from builder import externals
-from tests.conftest import GIT_ENV, ROOT, git
-from tests.patches.conftest import TreeFactory
+from tests.support.git import GIT_ENV, git
+from tests.support import ROOT
+from tests.support.trees import TreeFactory
 
 GIT_AT_COMMIT = ROOT / "dockerfiles" / "spark" / "git-at-commit.sh"
 FA_FILE = "cmake/external_projects/vllm_flash_attn.cmake"

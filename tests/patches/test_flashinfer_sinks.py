@@ -21,7 +21,7 @@ import pytest
 
 from builder import patch, sources
 from builder.patch.rules import flashinfer_sinks_sm12x as rule
-from tests.patches.conftest import PATCHES, TreeFactory
+from tests.support.trees import PATCHES, TreeFactory
 
 BACKEND = rule.BACKEND
 

@@ -22,7 +22,8 @@ from builder import kernellogs, kernelpath, sources
 from builder.errors import VerifyError
 from builder.logcalls import Statement
 from builder.patch import releases
-from tests.patches.conftest import RELEASES, THROUGH, WHEELS_ONLY
+from tests.support import DATA
+from tests.support.trees import RELEASES, THROUGH, WHEELS_ONLY
 
 FOLDER = "kernel-log-trees"
 # How vLLM's logger starts a line (vllm/logger.py): the gate searches the message after it.
@@ -253,5 +254,5 @@ def test_every_line_vllm_0_32_logs_for_the_unquantized_cpu_moe_reads_cpu(kernel_
         assert chosen.found == (("CPU", oracle),) and chosen.ok, experts
         (alone,) = kernelpath.gate({"moe": ("CPU",)}, line + "\n", "0.32.0")
         assert alone.found == (("CPU", line),), experts
-    recorded = (Path(__file__).parents[1] / "unit" / "data" / "kernel-logs" / "vllm-0.32.0-cpu-mixtral.log").read_text()
+    recorded = (DATA / "kernel-logs" / "vllm-0.32.0-cpu-mixtral.log").read_text()
     assert oracle.split("] ", 1)[1] in recorded and "] Using CPUUnquantizedExperts MoE backend\n" in recorded

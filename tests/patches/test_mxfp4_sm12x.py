@@ -30,8 +30,8 @@ from builder import binaries, patch, sources
 from builder.options import Options
 from builder.patch import cmake
 from builder.patch.rules import mxfp4_cutlass_sm12x as rule
-from tests.patches import nvcc
-from tests.patches.conftest import PATCHES, TreeFactory, Variant, variants
+from tests.support import nvcc
+from tests.support.trees import PATCHES, TreeFactory, Variant, variants
 
 CUTLASS_WHEEL = "nvidia_cutlass-4.2.0.0-py3-none-any.whl"
 CUBLAS_VERSION = "13.10.0.20"

@@ -20,8 +20,8 @@ import pytest
 from builder import matrix, patch
 from builder.patch import cli as patch_cli
 from builder.patch import need, releases
-from tests.conftest import ROOT
-from tests.patches.conftest import PATCHES, RELEASES, THROUGH, TreeFactory
+from tests.support import ROOT
+from tests.support.trees import PATCHES, RELEASES, THROUGH, TreeFactory
 
 BUILDS = tuple(need.Build(c) for c in need.SPARK_CUDA)
 # Needed where they apply, but opt-in: neither has run on an SM12x GPU yet (README, "Patches"), so a

@@ -28,8 +28,9 @@ from packaging.version import Version
 
 from builder import patch
 from builder.patch import pullrequest
-from tests.conftest import ROOT, git, git_daemon
-from tests.patches.conftest import TreeFactory, tree_hash
+from tests.support import ROOT
+from tests.support.git import git, git_daemon
+from tests.support.trees import TreeFactory, tree_hash
 from tests.patches.test_bundle import copy_bundle, run
 
 NUMBER = 4242

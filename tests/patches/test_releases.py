@@ -1,5 +1,5 @@
 """The sweep: every patch's status on every vLLM release with an sdist on PyPI, pinned here, and the
-newest release candidate of a git remote; the support table command and the README's copy of it.
+newest release candidate of a git remote; the support table command and the documentation's copy of it (docs/patches.md).
 
 A new patch, or a release past THROUGH, needs its column or row here: the tests fail until the
 table covers every patch folder and the index's every release through THROUGH.
@@ -20,8 +20,10 @@ from packaging.version import Version
 from builder import patch, sources
 from builder.patch import cli as patch_cli
 from builder.patch import releases
-from tests.conftest import ROOT, git
-from tests.patches.conftest import PATCHES, RELEASES, THROUGH, WHEELS_ONLY, TreeFactory, linked_copy, tree_hash
+from tests.support import cli
+from tests.support import ROOT
+from tests.support.git import git
+from tests.support.trees import PATCHES, RELEASES, THROUGH, WHEELS_ONLY, TreeFactory, linked_copy, tree_hash
 
 NAMES = ("cmake-arch-sm121", "e2m1-software", "flashinfer-sinks-sm12x", "mxfp4-cutlass-sm12x")
 A: patch.Status = "applies"
@@ -117,8 +119,7 @@ def test_a_second_apply_on_every_release_reads_applied_and_writes_nothing(
 
 
 def sparkbuild(*args: str, cache: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SPARKBUILD_CACHE": str(cache)}
-    return subprocess.run([sys.executable, "-m", "builder", *args], capture_output=True, text=True, cwd=ROOT, env=env)
+    return cli.run(*args, env={"SPARKBUILD_CACHE": str(cache)})
 
 
 def test_the_table_command_says_the_same(every_tree: dict[str, Path], source_cache: Path) -> None:
@@ -132,11 +133,11 @@ def test_the_table_command_says_the_same(every_tree: dict[str, Path], source_cac
     assert data["ok"] is True
 
 
-def test_the_readme_table_is_what_the_command_prints(every_tree: dict[str, Path], source_cache: Path) -> None:
-    args, table = patch_cli.readme_block(ROOT / "README.md")
+def test_the_documented_table_is_what_the_command_prints(every_tree: dict[str, Path], source_cache: Path) -> None:
+    args, table = patch_cli.readme_block(ROOT / "docs" / "patches.md")
     done = sparkbuild("patch", "table", "--markdown", *args.split(), cache=source_cache)
     assert done.returncode == 0, done.stderr
-    assert table == done.stdout.rstrip("\n"), "README.md's patch table is stale: run the command in its comment with --update-readme"
+    assert table == done.stdout.rstrip("\n"), "docs/patches.md's patch table is stale: run the command in its comment with --update-readme docs/patches.md"
 
 
 @pytest.fixture(scope="module")

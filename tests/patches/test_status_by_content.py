@@ -25,8 +25,8 @@ from builder.binaries import Arch
 from builder.errors import BuildError
 from builder.patch import fragments
 from builder.patch.rules import e2m1_software, flashinfer_sinks_sm12x, mxfp4_cutlass_sm12x
-from tests.conftest import ROOT
-from tests.patches.conftest import PATCHES, TreeFactory, tree_hash
+from tests.support import ROOT
+from tests.support.trees import PATCHES, TreeFactory, tree_hash
 
 SINKS = flashinfer_sinks_sm12x.BACKEND
 

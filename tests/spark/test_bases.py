@@ -12,7 +12,8 @@ import pytest
 from builder import base_image, matrix
 from builder.engine import Engine
 from builder.errors import BuildError
-from tests.conftest import LOCAL_PLATFORM, ROOT
+from tests.support import ROOT
+from tests.support.matrix import LOCAL_PLATFORM
 
 pytestmark = pytest.mark.docker
 

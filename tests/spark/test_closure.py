@@ -11,7 +11,7 @@ import pytest
 from builder import base_image, closure, matrix, sources
 from builder.errors import BuildError
 from builder.options import Options
-from tests.conftest import ROOT, run_sparkbuild
+from tests.support import ROOT, cli
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_a_torch_that_is_a_cpu_build_on_aarch64_fails(shipped: matrix.Matrix) ->
 def test_a_torch_index_this_machine_cannot_reach_is_said_not_passed() -> None:
     """vLLM 0.19's CUDA torch for aarch64 is only on PyTorch's cu129 index, which this sandbox cannot reach:
     the command says so and fails; it never reports a closure it did not resolve."""
-    done = run_sparkbuild("closure", "--offline", "--only", "vllm-0.19.0-*", env={})
+    done = cli.run("closure", "--offline", "--only", "vllm-0.19.0-*", env={})
     assert done.returncode == 5
     assert "unreachable" in done.stdout and "download.pytorch.org/whl/cu129" in done.stdout
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from builder import build
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 pytestmark = pytest.mark.nvcc
 

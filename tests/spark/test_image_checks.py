@@ -18,7 +18,8 @@ from builder import build, plan
 from builder.engine import Engine
 from builder.errors import BinaryCheckError
 from builder.options import Options
-from tests.conftest import LOCAL_PLATFORM, ROOT
+from tests.support import ROOT
+from tests.support.matrix import LOCAL_PLATFORM
 
 pytestmark = [pytest.mark.docker, pytest.mark.nvcc]
 VLLM = "/opt/venv/lib/python3.11/site-packages/vllm"

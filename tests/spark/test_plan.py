@@ -18,7 +18,8 @@ from builder.errors import ConfigError
 from builder.matrix import BuildJobs
 from builder.options import Options
 from builder.registry import Registry
-from tests.conftest import ROOT, local_id
+from tests.support import ROOT
+from tests.support.matrix import local_id
 
 GIB = toolchain.GIB
 BIN = Path(sys.executable).parent

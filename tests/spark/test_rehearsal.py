@@ -13,11 +13,9 @@ a patch set whose CUDA change no unit of the configure compiles.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +23,14 @@ import pytest
 import yaml
 from packaging.utils import parse_wheel_filename
 
-from builder import externals, matrix, plan, publish, sources, wheels
+from builder import externals, matrix, plan, push, sources, wheels
 from builder.engine import Engine
 from builder.options import Options
 from builder.registry import Registry
 from builder.rehearse import rehearsal_target
-from tests.conftest import ROOT, run_sparkbuild
-from tests.procs import pids_where
-from tests.unit.cli_runner import sparkbuild
+from tests.support import ROOT, cli
+from tests.support.cli import in_process as sparkbuild
+from tests.support.procs import pids_where
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 TARGET = "vllm-0.33.0-cu130-sm121"
@@ -43,7 +41,7 @@ RESOURCES = {"SPARKBUILD_BUILD_MEMORY_GB": "24", "SPARKBUILD_BUILD_CORES": "2"}
 
 
 def rehearse(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return run_sparkbuild("rehearse", "--offline", "--json", *args, env={"SPARKBUILD_OUT": str(out), **RESOURCES})
+    return cli.run("rehearse", "--offline", "--json", *args, env={"SPARKBUILD_OUT": str(out), **RESOURCES})
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +180,7 @@ def test_the_wheels_the_build_made_are_published_and_a_fresh_venv_installs_them(
     repository = "sparkbuild-test/wheels"
     engine.tag(base, f"{registry.host}/{repository}", "subject")
     try:
-        digest = publish.push_image(engine, registry, f"{registry.host}/{repository}", "subject")
+        digest = push.push_image(engine, registry, f"{registry.host}/{repository}", "subject")
     finally:
         engine.client.images.remove(f"{registry.host}/{repository}:subject")
     wheels.attach(registry, repository, digest, collected)
@@ -235,13 +233,8 @@ def test_ctrl_c_during_the_preflight_leaves_no_daemon_and_no_partial_repository(
     """A real SIGINT once the preflight has started (after the module's rehearsal, so it starts in
     seconds): exit 130, the offline git daemon stopped, no repository left half made."""
     root = Options.from_env().cache / "offline"
-    with subprocess.Popen(
-        [sys.executable, "-m", "builder", "rehearse", "--offline", "--only", TARGET],
-        env={**os.environ, "SPARKBUILD_OUT": str(tmp_path), **RESOURCES},
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+    with cli.start(
+        "rehearse", "--offline", "--only", TARGET, env={"SPARKBUILD_OUT": str(tmp_path), **RESOURCES}
     ) as proc:  # the context closes the pipe it reads
         assert proc.stderr is not None
         for line in proc.stderr:

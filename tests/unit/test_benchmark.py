@@ -1,6 +1,6 @@
 """The benchmark's pure parts: vllm bench serve's arguments, its saved results read into figures,
 the consistency checks, the medians of repeats, and the regression gate's arithmetic on recorded
-results (tests/unit/data/bench/; no wall clock is read)."""
+results (tests/data/bench/; no wall clock is read)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ import pytest
 from builder import benchmark, benchreport, matrix, regression
 from builder.benchmark import Benchmark, Figures, Shape
 from builder.errors import VerifyError
-from tests.conftest import ROOT
+from tests.support import DATA, ROOT
 
-DATA = Path(__file__).parent / "data" / "bench"
+BENCH = DATA / "bench"
 
 
 def recorded(name: str) -> Benchmark:
     """A sparkbuild benchmark result recorded from a real verify (verify.json's ``benchmark``)."""
-    return benchmark.from_json(json.loads((DATA / name).read_text()), name)
+    return benchmark.from_json(json.loads((BENCH / name).read_text()), name)
 
 
 # --- shapes and argument lists -------------------------------------------------------------------
@@ -89,7 +89,7 @@ def test_the_arguments_pin_the_seed_warm_up_save_the_result_and_ask_for_p50_and_
 
 
 def test_a_saved_result_becomes_figures_taken_from_the_tool() -> None:
-    f = benchmark.read(DATA / "decode-c2.json")
+    f = benchmark.read(BENCH / "decode-c2.json")
     assert f == Figures(
         ttft_ms_p50=40.0,
         ttft_ms_p99=55.0,
@@ -106,7 +106,7 @@ def test_a_saved_result_becomes_figures_taken_from_the_tool() -> None:
 
 def test_a_failed_request_fails_the_benchmark_with_its_error() -> None:
     with pytest.raises(VerifyError, match=r"1 request\(s\) failed.*maximum context length"):
-        benchmark.read(DATA / "failed.json")
+        benchmark.read(BENCH / "failed.json")
 
 
 def test_a_result_without_a_figure_names_the_missing_field() -> None:
@@ -115,7 +115,7 @@ def test_a_result_without_a_figure_names_the_missing_field() -> None:
 
 
 def test_impossible_figures_fail_loudly() -> None:
-    f = benchmark.read(DATA / "inconsistent.json")
+    f = benchmark.read(BENCH / "inconsistent.json")
     wrong = benchmark.inconsistencies(f, 2)
     assert any("TTFT p99 30.0 < p50 40.0" in w for w in wrong)
     assert any("82375.0 tok/s in aggregate is above 2 x the bound 10000" in w for w in wrong)  # the hand-made benchmark's
@@ -126,18 +126,18 @@ def test_impossible_figures_fail_loudly() -> None:
 
 def test_tokens_in_bursts_leave_the_per_request_rate_unmeasured() -> None:
     """ITL p50 below one engine step: the API server merged tokens; TPOT times the bursts."""
-    f = benchmark.read(DATA / "inconsistent.json")  # ITL p50 0.05 ms
+    f = benchmark.read(BENCH / "inconsistent.json")  # ITL p50 0.05 ms
     assert f.tokens_per_s_per_request is None
 
 
 def test_an_aggregate_beyond_c_streams_at_their_own_rate_is_inconsistent() -> None:
-    f = benchmark.read(DATA / "decode-c2.json")  # 100 tok/s per request
+    f = benchmark.read(BENCH / "decode-c2.json")  # 100 tok/s per request
     assert benchmark.inconsistencies(f, 2) == []
     assert any("more than 1 stream" in w for w in benchmark.inconsistencies(f, 1))  # 250 > 1 x 100 x 1.25
 
 
 def test_repeats_give_the_median_of_each_figure_and_its_spread() -> None:
-    one = benchmark.read(DATA / "decode-c2.json")
+    one = benchmark.read(BENCH / "decode-c2.json")
     runs = [dataclasses.replace(one, tokens_per_s=v) for v in (240.0, 250.0, 300.0)]
     level = benchmark.median_of("decode", 2, Shape(input_len=96, output_len=16), runs)
     assert level.figures.tokens_per_s == 250.0
@@ -146,7 +146,7 @@ def test_repeats_give_the_median_of_each_figure_and_its_spread() -> None:
 
 
 def test_a_rate_in_bursts_in_a_minority_of_repeats_still_has_a_median() -> None:
-    one = benchmark.read(DATA / "decode-c2.json")
+    one = benchmark.read(BENCH / "decode-c2.json")
     shape = Shape(input_len=96, output_len=16)
     mostly = [one, one, dataclasses.replace(one, tokens_per_s_per_request=None)]
     assert benchmark.median_of("decode", 2, shape, mostly).figures.tokens_per_s_per_request == 100.0

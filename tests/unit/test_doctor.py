@@ -1,4 +1,4 @@
-"""What each kind of machine can run, from its recorded facts (tests/unit/data/doctor/README.md says
+"""What each kind of machine can run, from its recorded facts (tests/data/doctor/README.md says
 where each text comes from): the same verdicts on whatever machine runs this suite."""
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from builder import buildcache, doctor, host, matrix
 from builder.engine import BuildCli, EngineFacts
 from builder.errors import EngineError, RegistryUnavailableError, ToolMissingError
 from builder.options import Options
-from tests.conftest import ROOT, MatrixWriter
+from tests.support import DATA, ROOT
+from tests.support.matrix import MatrixWriter
 
-DATA = Path(__file__).parent / "data" / "doctor"
+DOCTOR = DATA / "doctor"
 ENGINE = EngineFacts(
     address="unix:///var/run/docker.sock",
     reachable=True,
@@ -43,18 +44,18 @@ MACHINES = {
 def gpus(recording: str | None) -> host.Gpus:
     if recording is None:
         return NO_SMI
-    csv = (DATA / f"{recording}.csv").read_text()
-    return host.Gpus(found=host.parse_gpus(csv), cuda=host.parse_cuda_version((DATA / f"{recording}.txt").read_text()))
+    csv = (DOCTOR / f"{recording}.csv").read_text()
+    return host.Gpus(found=host.parse_gpus(csv), cuda=host.parse_cuda_version((DOCTOR / f"{recording}.txt").read_text()))
 
 
 def facts(kind: str, tmp_path: Path, binfmt: str | None = None, **changes: object) -> doctor.Facts:
     uname, cpuinfo, smi = MACHINES[kind]
     platform = host.platform_of(uname)
-    folder = DATA / binfmt if binfmt else tmp_path / "binfmt-none"
+    folder = DOCTOR / binfmt if binfmt else tmp_path / "binfmt-none"
     made = doctor.Facts(
         machine=uname,
         platform=platform,
-        cpu=host.read_cpu(DATA / cpuinfo),
+        cpu=host.read_cpu(DOCTOR / cpuinfo),
         memory_gb=128.0,
         disks=(doctor.Disk(what="the cache", path="/root/.cache/sparkbuild", free_gb=200.0),),
         engine=dataclasses.replace(ENGINE, architecture=uname),
@@ -87,7 +88,7 @@ def test_nvidia_smi_is_read_from_its_recordings() -> None:
 def test_an_nvidia_smi_that_fails_says_why(tmp_path: Path) -> None:
     # A stand-in nvidia-smi that fails as it does where the driver is not loaded: no such host is at hand.
     smi = tmp_path / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\ncat {DATA / 'nvidia-smi-no-driver.txt'}\nexit 9\n")
+    smi.write_text(f"#!/bin/sh\ncat {DOCTOR / 'nvidia-smi-no-driver.txt'}\nexit 9\n")
     smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
     found = host.read_gpus(str(smi))
     assert not found.found and found.error is not None

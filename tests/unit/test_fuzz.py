@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
-from tests.unit.cli_runner import Outcome, sparkbuild
+from tests.support import ROOT
+from tests.support.cli import Outcome
+from tests.support.cli import in_process as sparkbuild
 
 SEED = 17
 CASES = {"matrix": 200, "lock": 100, "patch folder": 100}

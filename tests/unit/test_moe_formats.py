@@ -10,7 +10,7 @@ import pytest
 
 from builder import matrix, model, moe
 from builder.moe import mxfp4, reference
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 torch: Any = pytest.importorskip("torch")
 tf_mxfp4: Any = pytest.importorskip("transformers.integrations.mxfp4")

@@ -4,13 +4,15 @@ wheel as package data): the list must follow the packages on disk."""
 from __future__ import annotations
 
 import tomllib
+from pathlib import Path
 
-from tests.conftest import ROOT
+import builder
+from tests.support import ROOT
 
 
-def test_every_package_of_builder_is_in_the_wheel() -> None:
+def test_every_package_on_disk_is_in_the_wheel() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "builder").rglob("__init__.py")}
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in Path(builder.__file__).parent.rglob("__init__.py")}
     mapped = set(config["package-dir"])
     assert set(config["packages"]) == on_disk | mapped | {"builder.resources"}
     assert config["package-dir"] == {"builder.resources.dockerfiles": "dockerfiles", "builder.resources.patches": "patches"}

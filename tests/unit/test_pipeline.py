@@ -13,9 +13,10 @@ from builder.errors import BuildError, ToolMissingError, VerifyError
 from builder.options import Options
 from builder.registry import Registry
 from builder.verify import Answer, VerifyResult
-from tests.conftest import ROOT, local_id
+from tests.support import DATA, ROOT
+from tests.support.matrix import local_id
 
-BASELINE = Path(__file__).parent / "data" / "bench" / "baseline.json"
+BASELINE = DATA / "bench" / "baseline.json"
 
 
 def a_run(status: pipeline.Status) -> pipeline.TargetRun:

@@ -13,7 +13,8 @@ import pytest
 from builder import plan
 from builder.errors import ConfigError
 from builder.options import Options
-from tests.conftest import ROOT, MatrixWriter
+from tests.support import ROOT, cli
+from tests.support.matrix import MatrixWriter
 
 TWO_TARGETS = """\
 defaults:
@@ -155,9 +156,9 @@ def test_only_selects_by_glob(write_matrix: MatrixWriter) -> None:
 
 def test_plan_json_cli_is_deterministic(write_matrix: MatrixWriter) -> None:
     path = write_matrix(TWO_TARGETS)
-    run = [sys.executable, "-m", "builder", "plan", "--json", "--matrix", str(path), "--date", "20261121"]
-    first = subprocess.run(run, capture_output=True, text=True, check=True).stdout
-    second = subprocess.run(run, capture_output=True, text=True, check=True).stdout
+    run = ("plan", "--json", "--matrix", str(path), "--date", "20261121")
+    first = cli.run(*run, check=True).stdout
+    second = cli.run(*run, check=True).stdout
     assert first == second
     assert [t["id"] for t in json.loads(first)] == ["vllm-0.32.0-cpu-amd64", "vllm-0.31.0-cpu-amd64"]
 

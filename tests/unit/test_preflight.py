@@ -12,7 +12,7 @@ import pytest
 from builder import preflight
 from builder.binaries import Arch
 from builder.errors import BuildError
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 SPARK = Arch.parse("12.1")
 

@@ -1,5 +1,5 @@
 """The client probes (builder/probes.py) judged on what the real local image answered them
-(tests/unit/data/probes/, recorded from vLLM 0.32.0's CPU image serving the alphabet model), replayed
+(tests/data/probes/, recorded from vLLM 0.32.0's CPU image serving the alphabet model), replayed
 from a loopback HTTP server: each answer passes, and each way an answer can go wrong fails naming the
 probe, with the request and the response kept."""
 
@@ -10,16 +10,15 @@ import re
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from builder import matrix, probes
 from builder.errors import VerifyError
-from tests.conftest import ROOT
+from tests.support import DATA, ROOT
 
-RECORDED: dict[str, dict[str, Any]] = json.loads((Path(__file__).parent / "data" / "probes" / "vllm-0.32.0-cpu.json").read_text())
+RECORDED: dict[str, dict[str, Any]] = json.loads((DATA / "probes" / "vllm-0.32.0-cpu.json").read_text())
 PROBES = {p.name: p for p in probes.plan(matrix.load(ROOT / "matrix.yaml").checks["alphabet"].prompts, "m", 128)}
 
 

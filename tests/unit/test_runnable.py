@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from builder import host, matrix, model, runnable
-from tests.conftest import ROOT
+from tests.support import ROOT
 from tests.unit.test_host import EPYC, GRACE, XEON_AMX
 
 CPUS = {"epyc": EPYC, "xeon-amx": XEON_AMX, "grace": GRACE}

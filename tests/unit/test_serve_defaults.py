@@ -66,4 +66,3 @@ def test_values_that_look_like_options_stay_with_their_option() -> None:
     # A negative number is a value, not an option the user set.
     merged = serve_defaults.merge(["--seed", "-1", "--max-num-seqs", "16"], ["m", "--max-num-seqs", "4"])
     assert merged == ["m", "--max-num-seqs", "4", "--seed", "-1"]
-

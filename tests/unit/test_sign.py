@@ -8,7 +8,7 @@ import pytest
 
 from builder import sign
 from builder.errors import ConfigError
-from builder.sign import Signer
+from builder.options import Signer
 
 
 def test_without_a_key_nothing_signs_and_it_says_how_to() -> None:

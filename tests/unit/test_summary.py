@@ -11,8 +11,9 @@ import pytest
 from builder import errors, gitrepo, pipeline, plan, rc, summary
 from builder.gitrepo import RemoteRefs
 from builder.options import Options
-from tests.conftest import ROOT
-from tests.unit.cli_runner import Outcome, sparkbuild
+from tests.support import ROOT
+from tests.support.cli import Outcome
+from tests.support.cli import in_process as sparkbuild
 
 PREFIX = "nightly-4242-"
 

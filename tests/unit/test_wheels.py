@@ -11,7 +11,7 @@ import pytest
 from builder import matrix, wheels
 from builder.errors import PublishError
 from builder.registry import file_digest
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 VLLM = "vllm-0.33.0+cu130-cp38-abi3-linux_aarch64.whl"
 FLASHINFER = "flashinfer_python-0.7.2.post1-py3-none-any.whl"

@@ -18,8 +18,8 @@ from builder import plan
 from builder.cli import cli
 from builder.errors import ConfigError
 from builder.options import Options
-from tests.conftest import ROOT
-from tests.unit.cli_runner import sparkbuild
+from tests.support import ROOT
+from tests.support.cli import in_process as sparkbuild
 
 WORKFLOWS = ROOT / ".github" / "workflows"
 

@@ -25,7 +25,8 @@ import pytest
 
 from builder import externals, sources
 from builder.options import Options
-from tests.conftest import ROOT, git, git_daemon, run_sparkbuild
+from tests.support import ROOT, cli
+from tests.support.git import git, git_daemon
 
 HEADER = "csrc/quantization/fp4/nvfp4_utils.cuh"
 
@@ -64,7 +65,7 @@ class Upstream:
 
 def sparkbuild(*args: str, cache: Path, out: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {"SPARKBUILD_CACHE": str(cache), "SPARKBUILD_OUT": str(out or cache / "out"), "SPARKBUILD_REGISTRY": ""}
-    return run_sparkbuild(*args, env=env)
+    return cli.run(*args, env=env)
 
 
 def spark_matrix(path: Path, upstream: Upstream, vllm: str, image: str) -> Path:

@@ -19,7 +19,7 @@ import pytest
 from builder import patch, sources
 from builder.options import Options
 from builder.patch import releases
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 PATCHES = ROOT / "patches"
 # Every vLLM release from 0.10.0 through THROUGH with an sdist on PyPI (test_releases.py holds the
