@@ -88,7 +88,7 @@ def test_the_second_check_served_a_moe_through_the_gate_with_no_benchmark(nightl
         {"check": "alphabet", "ok": True, "skipped": None, "error": None, "log": None},
         {"check": "moe-alphabet", "ok": True, "skipped": None, "error": None, "log": None},
     ]
-    assert "moe-alphabet: 8/8 answers, moe CPU" in nightly.first.stdout  # the lookup chain's 8 prompts
+    assert "moe-alphabet: 8/8 answers, logprobs as recorded, moe CPU" in nightly.first.stdout  # the lookup chain's 8 prompts
     folder = nightly.out / TARGET / "checks" / "moe-alphabet"
     data = json.loads((folder / "verify.json").read_text())
     assert data["ok"] is True and data["benchmark"] is None and "moe-alphabet" in data["model"]
