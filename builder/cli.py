@@ -437,7 +437,10 @@ def _verify_image(
     out = result or opts.out / (target_id or "image") / "verify.json"
     # A Spark image (it names the GPU it is for) serves on the GPU; a CPU image does not.
     gpus = "io.sparkbuild.gpu" in labels and labels.get("io.sparkbuild.cuda") != "none"
-    return verify.verify_all(engine, image, checks, out, cache=opts.cache, gpus=gpus, model=model_dir)
+    # One check of the target: its result where the target's results go (where publish looks).
+    names = [c.name for c in by_target.get(target_id or "", ())]
+    layout = names if result is None and all(c.name in names for c in checks) else ()
+    return verify.verify_all(engine, image, checks, out, cache=opts.cache, gpus=gpus, model=model_dir, layout=layout)
 
 
 @cli.command("publish")
