@@ -67,7 +67,7 @@ def attach(engine: Callable[[], Engine], registry: Registry, p: TargetPlan, dige
                 made.append(kind)
         verified = {a.annotations.get(CHECK, p.target.check.name) for a in listed if a.kind == "verify"}
         for check, path in evidence.verify.items():
-            if check not in verified and (result := _verify_result(path, evidence.local)) is not None:
+            if check not in verified and (result := _verify_result(engine, path, evidence.local)) is not None:
                 _attach(registry, p, digest, "verify", result, {CHECK: check})
                 made.append("verify" if check == p.target.check.name else f"verify ({check})")
         if wheels.KIND not in have and wheels.publish(engine, registry, p, digest):
@@ -100,7 +100,7 @@ def _make(
         # images are all published already makes no SBOM (tests/unit/test_cli_imports.py).
         from builder import sbom
 
-        contents = sbom.read_image(engine(), _in_engine(engine(), image, digest, p.target.platform))
+        contents = sbom.read_image(engine(), published_in_engine(engine(), image, digest, p.target.platform))
         return sbom.to_json(sbom.make(contents, image=image, digest=digest)).encode(), sbom.MEDIA_TYPE
     if kind == "provenance":
         statement = provenance.statement(
@@ -116,11 +116,16 @@ def _make(
     raise AssertionError(f"no document of kind {kind}")
 
 
-def _verify_result(path: Path, local: str) -> tuple[bytes, str] | None:
-    """A check's verify.json where it is this image's (a --unverified publish may have none)."""
+def _verify_result(engine: Callable[[], Engine], path: Path, local: str) -> tuple[bytes, str] | None:
+    """A check's verify.json where it is tied to this image (``verify.tie``; a --unverified
+    publish may have none)."""
     data = _json(path)
     if data is None or data.get("image") != local:
         log.info(f"  no verify result of {local} in {path}: none attached")
+        return None
+    why = verify.tie(path, local, engine().inspect(local))
+    if why is not None:
+        log.warning(f"  {path} is not attached: {why}")
         return None
     return json.dumps(data, indent=2).encode(), VERIFY_MEDIA_TYPE
 
@@ -133,7 +138,7 @@ def _json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _in_engine(engine: Engine, image: str, digest: str, platform: str) -> str:
+def published_in_engine(engine: Engine, image: str, digest: str, platform: str) -> str:
     """The published image by digest, read from the engine (which has it after pushing it), else
     pulled (a target published before sparkbuild attached SBOMs): not the local build of the same
     content tag, which a rebuild may have made with other bytes."""

@@ -37,8 +37,12 @@ MIN_OUTPUT = {"decode": 16, "prefill": 4, "queueing": 8}
 # few tokens. An eighth of the window (at least 4 tokens) is left free so no request is refused.
 TOKENIZER_SLACK = 8
 QUEUE_FACTOR = 4
-# Requests per concurrency slot in the decode and prefill runs (more average out a slow first one).
+# Requests per concurrency slot in the decode and prefill runs (more average out a slow first one),
+# and at least MIN_REQUESTS: a figure is a median over a run's requests, and the median of 2 is their
+# mean, which one request slowed by a busy machine moves by half (the check models here answer a
+# request in tens of ms, so 16 cost about a second).
 ROUNDS = 2
+MIN_REQUESTS = 16
 WARMUPS = 2
 SEED = 14
 PERCENTILES = (50, 99)
@@ -114,7 +118,9 @@ class Run:
 
     @property
     def num_prompts(self) -> int:
-        return self.concurrency * (QUEUE_FACTOR if self.scenario == "queueing" else ROUNDS)
+        if self.scenario == "queueing":  # one burst: its size is what the level measures
+            return self.concurrency * QUEUE_FACTOR
+        return max(MIN_REQUESTS, self.concurrency * ROUNDS)
 
     @property
     def in_flight(self) -> int:

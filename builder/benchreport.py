@@ -108,9 +108,12 @@ def table(current: Benchmark, baseline: Benchmark | None, gate: Gate, model: str
     text = [line(HEADER), line(["-" * w for w in widths]), *map(line, lines)]
     verdict = f"verdict: {gate.verdict}"
     if gate.baseline_of:
-        verdict += f" (baseline: {gate.baseline_of})"
+        lineage = f", {gate.baseline_target}'s last-good" if gate.baseline_target else ""
+        verdict += f" (baseline: {gate.baseline_of}{lineage})"
     if gate.regressions():
         verdict += f": {gate.reason()}"
+    if gate.unmeasured():
+        verdict += f"; too noisy to judge here: {gate.noisy()}"
     return "\n".join([*text, verdict])
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import shlex
 import signal
 import sys
@@ -21,13 +20,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from builder import __version__, errors, log, model
+from builder import __version__, errors, log, model, options
 from builder.errors import ConfigError, FatalError, VerifyError
 from builder.options import Options
 from builder.patch.cli import patch_group
 
 if TYPE_CHECKING:
     from builder import bisect, plan
+    from builder.engine import Engine
     from builder.matrix import Check, Matrix
     from builder.verify import Verified, VerifyResult
 
@@ -85,7 +85,7 @@ def doctor_cmd(matrix: Path | None, lock: Path | None, registry: str | None, as_
     from builder import doctor
 
     # Before `sparkbuild init` there is no matrix: the host is still worth a report.
-    optional = matrix is None and not os.environ.get("SPARKBUILD_MATRIX")
+    optional = matrix is None and not options.env("SPARKBUILD_MATRIX")
     found = doctor.report(make_options(matrix=matrix, lock=lock, registry=registry), matrix_optional=optional)
     if as_json:
         emit_json(found.to_json())
@@ -500,7 +500,10 @@ def _verify_image(
     out = result or opts.out / (target_id or "image") / "verify.json"
     # A Spark image (it names the GPU it is for) serves on the GPU; a CPU image does not.
     gpus = "io.sparkbuild.gpu" in labels and labels.get("io.sparkbuild.cuda") != "none"
-    return verify.verify_all(engine, image, checks, out, cache=opts.cache, gpus=gpus, model=model_dir)
+    # One check of the target: its result where the target's results go (where publish looks).
+    names = [c.name for c in by_target.get(target_id or "", ())]
+    layout = names if result is None and all(c.name in names for c in checks) else ()
+    return verify.verify_all(engine, image, checks, out, cache=opts.cache, gpus=gpus, model=model_dir, layout=layout)
 
 
 @cli.command("publish")
@@ -517,7 +520,7 @@ def publish_cmd(registry: str | None, unverified: bool, **kwargs: Any) -> None:
     engine = Engine()
     plans = plan.make(opts)
     for p in plans:
-        require_verified(opts, p, unverified)
+        require_verified(engine, opts, p, unverified)
     with runlock.run(opts.cache, wait=opts.wait), pipeline.open_registry(opts) as reg:
         storage = opts.cache / "registry" / "storage" if opts.registry is None else None
         todo = [p for p in plans if reg.digest(p.repository, p.content_tag) is None]
@@ -530,33 +533,41 @@ def publish_cmd(registry: str | None, unverified: bool, **kwargs: Any) -> None:
             click.echo(f"{p.id}: {done.reference} ({', '.join(done.tags)}; {done.signature})")
 
 
-def require_verified(opts: Options, p: plan.TargetPlan, unverified: bool) -> None:
-    """A passing result of every check of the target, each naming this image, or --unverified."""
+def require_verified(engine: Engine, opts: Options, p: plan.TargetPlan, unverified: bool) -> None:
+    """A passing result of every check of the target, each tied to this image (``verify.tie``:
+    its ID, its server's vLLM version and log), or --unverified."""
     from builder import build, verify
 
     if unverified:
         return
     local = build.local_ref(p)
+    inspected = engine.inspect(local)
     files = verify.result_files(opts.out / p.id / "verify.json", p.target.checks)
-    lacking = [f"{name} ({path})" for name, path in files.items() if not verify.passed(path, local)]
+    lacking = [
+        f"{name} ({path}: {why})" for name, path in files.items() if (why := verify.tie(path, local, inspected)) is not None
+    ]
     if lacking:
         raise VerifyError(
-            f"{local} has no passing verify result of check {', '.join(lacking)}; run "
+            f"{local} has no passing verify result of check {'; '.join(lacking)}; run "
             f"`sparkbuild verify {local}` first, or pass --unverified"
         )
 
 
 @cli.command("inspect")
 @click.argument("image")
-@click.option("--registry", help="host:port for an IMAGE named without one (default: SPARKBUILD_REGISTRY).")
+@click.option(
+    "--registry",
+    help="host:port for an IMAGE named without one (default: SPARKBUILD_REGISTRY, else the cache's embedded registry).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print everything attached as JSON (the documents in full).")
 def inspect_cmd(image: str, registry: str | None, as_json: bool) -> None:
     """Print what is attached to a published IMAGE (host/repo@sha256:..., host/repo:tag): SBOM, provenance, verify."""
     from builder import inspection
-    from builder.registry import Registry
 
-    host, repository, reference = inspection.parse_image(image, registry)
-    report = inspection.inspect(Registry.parse(host), repository, reference)
+    opts = make_options(registry=registry)
+    host, repository, reference = inspection.parse_image(image)
+    with inspection.reach(host, opts.registry, opts.cache, opts.registry_limits) as reg:
+        report = inspection.inspect(reg, repository, reference)
     if as_json:
         emit_json(report)
         return
@@ -566,15 +577,19 @@ def inspect_cmd(image: str, registry: str | None, as_json: bool) -> None:
 @cli.command("wheels")
 @click.argument("image")
 @click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Folder to fetch into.")
-@click.option("--registry", help="host:port for an IMAGE named without one (default: SPARKBUILD_REGISTRY).")
+@click.option(
+    "--registry",
+    help="host:port for an IMAGE named without one (default: SPARKBUILD_REGISTRY, else the cache's embedded registry).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the files, their hashes and the build marker as JSON.")
 def wheels_cmd(image: str, out: Path, registry: str | None, as_json: bool) -> None:
     """Fetch the wheels published with IMAGE (vLLM, FlashInfer, Triton when built) into OUT, checked by sha256."""
     from builder import inspection, wheels
-    from builder.registry import Registry
 
-    host, repository, reference = inspection.parse_image(image, registry)
-    fetched = wheels.fetch(Registry.parse(host), repository, reference, out)
+    opts = make_options(registry=registry)
+    host, repository, reference = inspection.parse_image(image)
+    with inspection.reach(host, opts.registry, opts.cache, opts.registry_limits) as reg:
+        fetched = wheels.fetch(reg, repository, reference, out)
     if as_json:
         emit_json(fetched.to_json())
         return

@@ -156,7 +156,8 @@ def registry_facts(configured: str | None) -> RegistryFacts:
     binary = shutil.which("docker-registry")
     if not configured:
         return RegistryFacts(configured=None, answers=None, binary=binary)
-    from builder.registry import Registry, default_limits  # requests and tenacity: only here
+    from builder.options import default_limits
+    from builder.registry import Registry  # requests and tenacity: only here
 
     quick = dataclasses.replace(default_limits(), attempts=1, timeout_s=5.0, give_up_after_s=5.0)
     try:

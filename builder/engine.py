@@ -30,7 +30,7 @@ import docker.errors
 import requests
 from docker.models.containers import Container as SdkContainer
 
-from builder import cmd, log, signals
+from builder import cmd, log, options, signals
 from builder.buildkit import BuildCli, find_build_cli
 from builder.errors import BuildError, EngineError
 
@@ -59,7 +59,7 @@ class EngineFacts:
 
 def probe(timeout_s: float = 10) -> EngineFacts:
     """Ask the engine what it is, within ``timeout_s``; never raises for an engine that is not there."""
-    address = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    address = options.env("DOCKER_HOST") or "unix:///var/run/docker.sock"
     try:
         cli, cli_error = find_build_cli(), None
     except EngineError as exc:

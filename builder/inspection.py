@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
-from builder import attest, options, provenance, referrers, sbom, wheels
+from builder import attest, log, provenance, referrers, sbom, wheels
 from builder.errors import ConfigError, PublishError
 from builder.net import check_address
-from builder.registry import Registry
+from builder.options import Limits
+from builder.registry import Registry, embedded, embedded_address
 
 
-def parse_image(image: str, registry: str | None) -> tuple[str, str, str]:
-    """``host/repo@sha256:...``, ``host/repo:tag``, or ``repo:tag`` with ``registry`` (else
-    SPARKBUILD_REGISTRY) -> (host, repository, tag or digest)."""
+def parse_image(image: str) -> tuple[str | None, str, str]:
+    """``host/repo@sha256:...``, ``host/repo:tag`` or ``repo:tag`` -> (host or None, repository,
+    tag or digest)."""
     name, at, digest = image.partition("@")
     tag = ""
     if not at:
@@ -25,12 +28,25 @@ def parse_image(image: str, registry: str | None) -> tuple[str, str, str]:
     first, slash, rest = name.partition("/")
     if slash and ("." in first or ":" in first or first == "localhost"):
         return check_address(first), rest, digest or tag
-    host = registry or options.env("SPARKBUILD_REGISTRY")
-    if not host:
-        raise ConfigError(
-            f"inspect {image}: no registry in the name; give host/repository:tag, --registry or SPARKBUILD_REGISTRY"
-        )
-    return check_address(host), name, digest or tag
+    return None, name, digest or tag
+
+
+@contextmanager
+def reach(host: str | None, registry: str | None, cache: Path, limits: Limits) -> Iterator[Registry]:
+    """The registry an image lives in, reached as publish reaches it: the host its name gives,
+    else ``registry`` (--registry, else SPARKBUILD_REGISTRY), else this cache's embedded registry,
+    started for the call as a nightly starts it. A name whose host is the embedded registry's
+    own address (the reference a nightly printed) reaches it too, started again once that run
+    has ended."""
+    data = cache / "registry"
+    named = host or registry
+    if named is not None and (named != embedded_address(data) or Registry.parse(named, limits).ping()):
+        yield Registry.parse(named, limits)
+        return
+    with embedded(data, limits) as started:
+        if named is not None and started.host != named:
+            log.warning(f"the embedded registry of {cache} listens on {started.host} now, not {named}: reading it there")
+        yield started
 
 
 def inspect(registry: Registry, repository: str, reference: str) -> dict[str, Any]:

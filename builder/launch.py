@@ -27,7 +27,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import cmd, log
+from builder import cmd, log, options
 from builder.errors import ConfigError, EngineError, ToolMissingError
 from builder.jitcache import CACHES, HOME, Cache, environment
 
@@ -55,7 +55,7 @@ def hf_cache(given: Path | None) -> Path:
     """The host's Hugging Face cache: the one given, else ``$HF_HOME``, else ``~/.cache/huggingface``."""
     if given is not None:
         return given
-    home = os.environ.get("HF_HOME")
+    home = options.env("HF_HOME")
     return Path(home) if home else Path.home() / ".cache" / "huggingface"
 
 
@@ -97,7 +97,7 @@ def command(launch: Launch, gpus: bool) -> list[str]:
     for cache in CACHES:
         out += ["--volume", f"{volume(cache, launch.prefix)}:{cache.path}"]
     out += [arg for key, value in environment().items() for arg in ("--env", f"{key}={value}")]
-    if os.environ.get("HF_TOKEN"):
+    if options.env("HF_TOKEN"):
         out += ["--env", "HF_TOKEN"]  # by name: the value stays out of the command line
     model = launch.model
     folder = Path(launch.model)

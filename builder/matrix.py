@@ -146,9 +146,12 @@ class Check:
     prompts: tuple[Prompt, ...]
     concurrency: tuple[int, ...]
     startup_timeout: int
-    # The benchmark (builder/benchmark.py): each figure is the median of this many runs.
+    # Whether verify measures this check's speed (builder/benchmark.py) and the gate judges it
+    # against the check's own baseline: every check whose kernels the target's build touches.
+    bench: bool
+    # Each figure is the median of this many runs.
     bench_repeats: int
-    # A figure changed by less than this (percent) or twice its repeats' spread is noise.
+    # The floor of a figure's tolerance (percent); above it, the baseline's noise (builder/regression.py).
     bench_threshold_pct: int
     # A target whose speed regressed is published by digest, its readable tags left where they are.
     bench_hold_tags: bool
@@ -233,9 +236,8 @@ class Target:
     # The GPU the image is for (12.1: the DGX Spark's GB10); what preflight and check-binary judge by.
     gpu: str
     patches: tuple[str, ...]
-    # What verify runs, in order: the first check's answers, kernel path and speed (its benchmark is
-    # the target's baseline); each further check's answers and kernel path (a quantized MoE model
-    # through the kernels the patches touch), no benchmark.
+    # What verify runs, in order: each check's answers and kernel path, and the speed of each
+    # check with ``bench`` (each against its own baseline).
     checks: tuple[Check, ...]
     repository: str
     tags: tuple[str, ...]
@@ -265,8 +267,13 @@ class Target:
 
     @property
     def check(self) -> Check:
-        """The benchmarked check: the first of ``checks``."""
+        """The target's first check (the one a verify document without a check name is of)."""
         return self.checks[0]
+
+    @property
+    def benchmarked(self) -> tuple[Check, ...]:
+        """The checks whose speed verify measures and the gate judges."""
+        return tuple(c for c in self.checks if c.bench)
 
     @property
     def version(self) -> str:
@@ -921,6 +928,7 @@ CHECK_KEYS = (
     "prompts",
     "concurrency",
     "startup_timeout",
+    "bench",
     "bench_repeats",
     "bench_threshold_pct",
     "bench_hold_tags",
@@ -955,6 +963,7 @@ def _checks(doc: Located, defaults_doc: Located, value: Any) -> dict[str, Check]
             ),
             concurrency=get("concurrency", validate.list_of(validate.positive_int)),
             startup_timeout=get("startup_timeout", validate.positive_int),
+            bench=get("bench", validate.boolean),
             bench_repeats=get("bench_repeats", validate.positive_int),
             bench_threshold_pct=get("bench_threshold_pct", validate.positive_int),
             bench_hold_tags=get("bench_hold_tags", validate.boolean),

@@ -88,6 +88,8 @@ READ_FROM_OTHERS: dict[str, str] = {
     "PIP_CONFIG_FILE": "pip's configuration file, read for its `find-links` the same way",
     "HF_TOKEN": "the Hub token a check's hub model is fetched with; read by huggingface_hub, never shown",
     "HF_ENDPOINT": "a team's mirror of the Hugging Face Hub",
+    "HF_HOME": "the host's Hugging Face cache `sparkbuild run` mounts (default `~/.cache/huggingface`)",
+    "DOCKER_HOST": "the Docker engine's address `sparkbuild doctor` reports (default the local socket)",
 }
 
 

@@ -2,7 +2,8 @@
 
 Each target stage takes the run context and the target's record and returns whether the target
 goes on to the next stage. A target whose content tag is already in the registry stops after the
-first stage: its readable tags move, nothing is built.
+first stage: nothing is built; each check of the target that never ran on the published image (a
+check added since) runs on it now; then its readable tags move.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from builder import (
 )
 from builder.engine import Engine
 from builder.errors import FatalError, LaneFailed, PatchError, RegistryUnavailableError
-from builder.matrix import GitSource, Target
+from builder.matrix import Check, GitSource, Target
 from builder.options import Options
 from builder.plan import TargetPlan
 from builder.registry import Registry, embedded
@@ -65,12 +66,37 @@ class Status(StrEnum):
     # Published by digest, slower than its baseline (readable tags held where the check says so).
     REGRESSED = "regressed"
     UP_TO_DATE = "up to date"
+    # Published before; the checks its target gained since then ran on it now and passed.
+    CHECKED = "checked"
     FAILED = "failed"
     INTERRUPTED = "interrupted"
     NOT_RUN = "not run"
 
 
-DONE = (Status.PUBLISHED, Status.UP_TO_DATE, Status.REGRESSED)
+DONE = (Status.PUBLISHED, Status.UP_TO_DATE, Status.CHECKED, Status.REGRESSED)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Speed:
+    """One benchmarked check's speed, judged: the gate's answer against the check's baseline, and
+    the table and plot a person reads."""
+
+    check: Check
+    measured: benchmark.Benchmark
+    baseline: benchmark.Benchmark | None
+    gate: regression.Gate
+    table: str
+    plot: Path
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "check": self.check.name,
+            "verdict": self.gate.verdict,
+            "baseline_of": self.gate.baseline_of,
+            "baseline_target": self.gate.baseline_target,
+            "table": self.table,
+            "plot": str(self.plot),
+        }
 
 
 @dataclass
@@ -83,7 +109,7 @@ class TargetRun:
     failed_at: Status | None = None
     image: str | None = None
     digest: str | None = None
-    # The benchmarked (first) check's result, and every check's (verify_all's answer).
+    # The first check's result, and every check's (verify_all's answer).
     result: verify.VerifyResult | None = None
     verified: verify.Verified | None = None
     stages: tuple[build.StageOutcome, ...] = ()
@@ -99,14 +125,19 @@ class TargetRun:
     signature: str | None = None
     # When its stages began (the provenance's startedOn).
     started: datetime | None = None
-    # The regression gate's answer on this image's speed, and what it was compared with.
-    gate: regression.Gate | None = None
-    baseline: benchmark.Benchmark | None = None
-    # The benchmark as a person reads it: a plain-text table and a plot.
-    speed_table: str | None = None
-    plot: Path | None = None
+    # Each benchmarked check's speed against its baseline, by check.
+    speeds: dict[str, Speed] = dataclasses.field(default_factory=dict)
+    # The checks the target gained since its image was published, run on that image (find_published).
+    new_checks: tuple[str, ...] = ()
+
+    @property
+    def speed_verdict(self) -> regression.Verdict | None:
+        """What the checks' verdicts add up to (regressed where any regressed); None: none measured."""
+        return regression.overall([s.gate.verdict for s in self.speeds.values()]) if self.speeds else None
 
     def verify_text(self) -> str:
+        if self.verified is not None and self.new_checks:
+            return f"on the published image: {verified_cell(self.verified, named=True)}"
         if self.verified is not None:
             return verified_cell(self.verified)
         if self.result is not None:
@@ -131,13 +162,8 @@ class TargetRun:
             "verify": self.verify_text(),
             "checks": None if self.verified is None else checks_json(self.verified),
             "speed": None
-            if self.gate is None
-            else {
-                "verdict": self.gate.verdict,
-                "baseline_of": self.gate.baseline_of,
-                "table": self.speed_table,
-                "plot": str(self.plot),
-            },
+            if not self.speeds
+            else {"verdict": self.speed_verdict, "checks": [s.to_json() for s in self.speeds.values()]},
             "seconds": round(self.seconds, 1),
             "stages": [s.to_json() for s in self.stages],
             "error": self.error,
@@ -201,15 +227,54 @@ TargetStage = Callable[[Context, TargetRun], bool]
 
 
 def find_published(ctx: Context, run: TargetRun) -> bool:
+    """A target whose content tag is published builds nothing. Each of its checks with no verify
+    result attached to the published image (a check the target gained since: checks are not in the
+    content hash) runs on that image first; then what is missing is attached and the tags move."""
     digest = ctx.registry.digest(run.plan.repository, run.plan.content_tag)
     if digest is None:
         return True
-    log.info(f"{run.plan.id}: {run.plan.content_tag} is already published ({digest}); nothing to build")
+    new = unchecked(ctx.registry, run.plan, digest)
+    if new:
+        names = ", ".join(c.name for c in new)
+        log.info(f"{run.plan.id}: {run.plan.content_tag} is published ({digest}); check(s) {names} never ran on it: running them")
+        check_published(ctx, run, digest, new)
+    else:
+        log.info(f"{run.plan.id}: {run.plan.content_tag} is already published ({digest}); nothing to build")
     # One published before sparkbuild attached documents gets them now (the engine only if the SBOM is missing).
     attest.attach(lambda: ctx.engine, ctx.registry, run.plan, digest, evidence(ctx, run))
+    attach_baselines(ctx, run, digest)
     published = publish.move_tags(ctx.registry, run.plan, digest, signer=ctx.opts.signer)
-    run.digest, run.status, run.signature = digest, Status.UP_TO_DATE, published.signature
+    run.digest, run.signature = digest, published.signature
+    run.status = Status.CHECKED if new else Status.UP_TO_DATE
+    if new:
+        regressed(run, held=False)
     return False
+
+
+def unchecked(registry: Registry, p: TargetPlan, digest: str) -> tuple[Check, ...]:
+    """The target's checks with no verify result attached to ``digest`` (a result that says the
+    check was skipped on its host counts: it is that check's result on that image)."""
+    listed = referrers.listed(registry, p.repository, digest)
+    have = {a.annotations.get(attest.CHECK, p.target.check.name) for a in listed if a.kind == "verify"}
+    return tuple(c for c in p.target.checks if c.name not in have)
+
+
+def check_published(ctx: Context, run: TargetRun, digest: str, checks: tuple[Check, ...]) -> None:
+    """Run ``checks`` on the published image (pulled by digest where the engine lacks it), their
+    results beside the target's others; judge the speed of those with ``bench``."""
+    run.status = Status.VERIFYING
+    run.new_checks = tuple(c.name for c in checks)
+    target = run.plan.target
+    image = attest.published_in_engine(ctx.engine, f"{ctx.registry.host}/{run.plan.repository}", digest, target.platform)
+    run.image = image
+    first = ctx.opts.out / run.plan.id / "verify.json"
+    gpus = target.profile == "spark"
+    run.verified = verify.verify_all(
+        ctx.engine, image, checks, first, cache=ctx.opts.cache, gpus=gpus, layout=tuple(c.name for c in target.checks)
+    )
+    run.result = run.verified.first
+    run.verified.require()
+    judge_all(ctx, run)
 
 
 def preflight_build(ctx: Context, run: TargetRun) -> bool:
@@ -247,52 +312,78 @@ def verify_image(ctx: Context, run: TargetRun) -> bool:
     run.verified = verify.verify_all(ctx.engine, run.image, target.checks, first, cache=ctx.opts.cache, gpus=gpus)
     run.result = run.verified.first
     run.verified.require()
-    if run.result is not None and run.result.benchmark is not None:
-        judge_speed(ctx, run, run.result.benchmark)
+    judge_all(ctx, run)
     return True
 
 
-def judge_speed(ctx: Context, run: TargetRun, measured: benchmark.Benchmark) -> None:
-    """Compare the image's speed with the baseline of the target's last published image; write the
-    gate's answer, the table and the plot beside verify.json."""
-    found = baseline.read(ctx.registry, run.plan)
-    run.baseline = found.benchmark if found else None
-    check = run.plan.target.check
-    run.gate = regression.compare(
-        measured, run.baseline, threshold_pct=check.bench_threshold_pct, baseline_of=found.image if found else None
+def judge_all(ctx: Context, run: TargetRun) -> None:
+    """The speed of each check that measured it, against that check's baseline."""
+    assert run.verified is not None
+    for check in run.plan.target.benchmarked:
+        result = run.verified.results.get(check.name)
+        if result is not None and result.benchmark is not None:
+            run.speeds[check.name] = judge_speed(ctx, run, check, result.benchmark, run.verified.folders[check.name])
+
+
+def judge_speed(ctx: Context, run: TargetRun, check: Check, measured: benchmark.Benchmark, folder: Path) -> Speed:
+    """Compare a check's speed with its baseline (the target's last-good image's, else its
+    lineage's); write the gate's answer (speed.json), the table and the plot beside its verify.json."""
+    found = baseline.read(ctx.registry, run.plan, check.name)
+    was = found.benchmark if found else None
+    gate = regression.compare(
+        measured,
+        was,
+        threshold_pct=check.bench_threshold_pct,
+        baseline_of=found.image if found else None,
+        baseline_target=found.target if found else None,
     )
-    folder = ctx.opts.out / run.plan.id
-    run.speed_table = benchreport.table(measured, run.baseline, run.gate, check.model)
-    run.plot = benchreport.plot(measured, run.baseline, folder, title=f"{run.plan.id} ({check.name}): vllm bench serve")
-    fsutil.write_text(folder / "speed.json", json.dumps(run.gate.to_json(), indent=2) + "\n")
-    log.info(f"{run.speed_table}\nplot: {run.plot}")
+    table = benchreport.table(measured, was, gate, check.model)
+    plot = benchreport.plot(measured, was, folder, title=f"{run.plan.id} ({check.name}): vllm bench serve")
+    fsutil.write_text(folder / "speed.json", json.dumps(gate.to_json(), indent=2) + "\n")
+    log.info(f"{check.name}:\n{table}\nplot: {plot}")
+    return Speed(check=check, measured=measured, baseline=was, gate=gate, table=table, plot=plot)
 
 
 def publish_image(ctx: Context, run: TargetRun) -> bool:
     assert run.image is not None
     run.status = Status.PUBLISHING
-    regressed = run.gate is not None and run.gate.verdict == "regressed"
-    hold = regressed and run.plan.target.check.bench_hold_tags
+    slower = [s for s in run.speeds.values() if s.gate.verdict == "regressed"]
+    hold = any(s.check.bench_hold_tags for s in slower)
     # Held: pushed by digest with its documents, no readable tag and not last-good.
     held_plan = dataclasses.replace(run.plan, tags=()) if hold else run.plan
     published = publish.push(
         ctx.engine, ctx.registry, held_plan, run.image, verified=not hold, evidence=evidence(ctx, run), signer=ctx.opts.signer
     )
     run.digest, run.status, run.signature = published.digest, Status.PUBLISHED, published.signature
-    if run.gate is not None and run.result is not None and run.result.benchmark is not None:
-        following = regression.next_baseline(run.result.benchmark, run.baseline, run.gate)
-        baseline.attach(ctx.registry, run.plan, published.digest, following, referrers.created_now())
-    if regressed:
-        assert run.gate is not None
-        run.status = Status.REGRESSED
-        held = f"; readable tags not moved ({', '.join(run.plan.tags)})" if hold else ""
-        run.error = f"speed regressed against {run.gate.baseline_of}: {run.gate.reason()}{held}"
-        log.error(f"{run.plan.id}: {run.error}")
+    attach_baselines(ctx, run, published.digest)
+    regressed(run, held=hold)
     return True
 
 
+def attach_baselines(ctx: Context, run: TargetRun, digest: str) -> None:
+    """Each benchmarked check's next baseline, attached to the published image (moved figure by
+    figure: ``regression.next_baseline``)."""
+    for speed in run.speeds.values():
+        following = regression.next_baseline(speed.measured, speed.baseline, speed.gate)
+        baseline.attach(ctx.registry, run.plan, digest, speed.check.name, following, referrers.created_now())
+
+
+def regressed(run: TargetRun, *, held: bool) -> None:
+    """A target with a check slower than its baseline: ``regressed``, each such check named."""
+    slower = [s for s in run.speeds.values() if s.gate.verdict == "regressed"]
+    if not slower:
+        return
+    run.status = Status.REGRESSED
+    why = "; ".join(f"check {s.check.name} against {s.gate.baseline_of}: {s.gate.reason()}" for s in slower)
+    kept = f"; readable tags not moved ({', '.join(run.plan.tags)})" if held else ""
+    run.error = f"speed regressed: {why}{kept}"
+    log.error(f"{run.plan.id}: {run.error}")
+
+
 def evidence(ctx: Context, run: TargetRun) -> attest.Evidence:
-    return attest.Evidence.of(ctx.opts, run.plan, build.local_ref(run.plan), run.started)
+    """What the documents are made from; the verify results are of ``run.image`` (the local build,
+    or the published image a new check ran on)."""
+    return attest.Evidence.of(ctx.opts, run.plan, run.image or build.local_ref(run.plan), run.started)
 
 
 TARGET_STAGES: tuple[TargetStage, ...] = (
@@ -429,6 +520,9 @@ def report(opts: Options, lane: str, runs: list[TargetRun], elapsed: float, *, t
 def verify_cell(result: verify.VerifyResult) -> str:
     good = sum(a.ok for a in result.answers)
     text = f"{good}/{len(result.answers)} answers"
+    if result.numbers:  # the answers' logprobs held to the model's recorded reference
+        moved = sum(len(n.violations) for n in result.numbers)
+        text += ", logprobs as recorded" if not moved else f", logprobs MOVED at {moved} position(s)"
     first = result.benchmark.levels[0] if result.benchmark and result.benchmark.levels else None
     if first is not None:
         f = first.figures
@@ -438,29 +532,19 @@ def verify_cell(result: verify.VerifyResult) -> str:
     return text
 
 
-def verified_cell(verified: verify.Verified) -> str:
-    """The first check as ``verify_cell`` shows it, then each further check's answers and kernels;
-    a target with one check reads as before."""
+def verified_cell(verified: verify.Verified, *, named: bool = False) -> str:
+    """Each check as ``verify_cell`` shows it (its first figure where it measured its speed); one
+    check alone reads as its cell, unless ``named``."""
     parts = []
     for name in verified.checks:
         found = verified.results.get(name)
-        text = "FAILED" if found is None else verify_cell(found) if name == verified.checks[0] else _answers(found)
+        text = "FAILED" if found is None else verify_cell(found)
         if found is not None and name in verified.failures:
             text = f"FAILED ({text})"
         if name in verified.skipped:
             text = "SKIPPED on this host"
-        parts.append(text if len(verified.checks) == 1 else f"{name}: {text}")
+        parts.append(text if len(verified.checks) == 1 and not named else f"{name}: {text}")
     return "; ".join(parts)
-
-
-def _answers(result: verify.VerifyResult) -> str:
-    text = f"{sum(a.ok for a in result.answers)}/{len(result.answers)} answers"
-    if result.numbers:
-        moved = sum(len(n.violations) for n in result.numbers)
-        text += ", logprobs as recorded" if not moved else f", logprobs MOVED at {moved} position(s)"
-    if result.kernels:
-        text += f", {kernelpath.text(result.kernels)}"
-    return text
 
 
 def checks_json(verified: verify.Verified) -> list[dict[str, object]]:

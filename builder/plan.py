@@ -404,7 +404,7 @@ def labels(target: Target, base_identity: str, patches: dict[str, str], content_
         "io.sparkbuild.arch-list": target.arch_list,
         "io.sparkbuild.gpu": target.gpu,
         "io.sparkbuild.base": base_identity,
-        # The checks verify runs, the first benchmarked.
+        # The checks verify runs, in order.
         "io.sparkbuild.checks": ",".join(c.name for c in target.checks),
     }
 

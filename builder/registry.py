@@ -495,6 +495,16 @@ def embedded(data: Path, limits: Limits | None = None) -> Iterator[Registry]:
         raise EngineError(f"embedded registry did not start; see {data / 'registry.log'}")
 
 
+def embedded_address(data: Path) -> str | None:
+    """The address the embedded registry of ``data`` had last (and takes again where the port is
+    free); None where it never ran."""
+    try:
+        port = int((data / "port").read_text())
+    except (OSError, ValueError):
+        return None
+    return f"127.0.0.1:{port}"
+
+
 def _port(data: Path, *, first: bool) -> int:
     """The port this storage's registry had last time, where it is free; else a new one, kept.
 

@@ -98,24 +98,26 @@ def table(rows: Sequence[Row]) -> str:
 
 
 def speed_cell(speed: dict[str, Any] | None) -> str:
-    """The regression gate's verdict (``regressed``, ``ok``, ``improved``, ``no baseline``)."""
+    """The regression gate's verdict over the target's benchmarked checks (``regressed``, ``ok``,
+    ``improved``, ``too noisy``, ``no baseline``)."""
     return str(speed["verdict"]) if speed else "-"
 
 
 def speeds(rows: Sequence[Row]) -> str:
-    """Each benchmarked target's figures per level beside its baseline, and where its plot is."""
+    """Each benchmarked check's figures per level beside its baseline, and where its plot is."""
     parts = [
-        f"### {r['target']}: speed ({r['speed']['verdict']})\n\n```\n{r['speed']['table']}\n```\n"
-        + plot_line(str(r["speed"]["plot"]))
+        f"### {r['target']} {c['check']}: speed ({c['verdict']})\n\n```\n{c['table']}\n```\n" + plot_line(str(c["plot"]))
         for r in rows
         if r.get("speed")
+        for c in r["speed"]["checks"]
     ]
     return "\n\n".join(parts)
 
 
 def plot_line(plot: str) -> str:
     """Where the plot is: in GitHub Actions a link to the run's artifacts (the target's job uploads
-    its sparkbuild-out/, the plot at ``<target>/benchmark.png`` in it), else its path."""
+    its sparkbuild-out/, the plot at ``<target>/benchmark.png`` or ``checks/<name>/benchmark.png``
+    in it), else its path."""
     run, repository = options.env("GITHUB_RUN_ID"), options.env("GITHUB_REPOSITORY")
     if not (run and repository) or plot in ("", "None"):
         return f"plot: {plot}"

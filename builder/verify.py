@@ -2,21 +2,28 @@
 
 Answers are greedy (temperature 0) so a right build gives exactly the expected text. Speed is
 measured with vLLM's own benchmark, run from the image against its server (``builder.speed``):
-decode, prefill and queueing at each concurrency level of the check.
+decode, prefill and queueing at each concurrency level of each check with ``bench``.
+
+A result names what it is of, so publish can tie it to the image it pushes (``tie``): the image
+by its reference and its ID (the digest of its config), the vLLM version its server reported,
+and the sha256 of the server's log kept beside it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import requests
+from packaging.version import InvalidVersion, Version
 
 from builder import checkmodel, host, jitcache, kernelpath, log, numerics, probes, runnable, speed
 from builder.benchmark import Benchmark
@@ -69,6 +76,11 @@ class VerifyResult:
     # The answers' logprobs against the model's recorded reference, one by one and batched
     # (builder/numerics.py); empty where the model recorded none.
     numbers: tuple[numerics.Comparison, ...] = field(default=())
+    # The image's ID (the sha256 of its config) and the sha256 of the server's log saved beside
+    # this result: what ties it to the image publish pushes. None for a server verify did not
+    # start (verify --url).
+    image_id: str | None = None
+    server_log_sha256: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -85,39 +97,33 @@ class VerifyResult:
         return data
 
 
-def serve_check(
-    engine: Engine, image: str, check: Check, model: Path, result_file: Path, *, gpus: bool = False, bench: bool = True
-) -> VerifyResult:
-    """Serve ``model`` from ``image`` and run the check: the result, written to ``result_file``,
-    not judged. ``bench``: measure the speed too (a target's first check; the others give
-    answers and kernel paths). Whatever happens, the server's whole log is kept beside the
-    result; when the check fails, so is what failed (``failure.json``)."""
+@contextmanager
+def started(engine: Engine, image: str, check: Check, model: Path, *, gpus: bool = False) -> Iterator[tuple[Container, str]]:
+    """A container of ``image`` serving ``model`` as the check serves it (not yet healthy), and
+    its URL; removed on the way out. What the server compiles (torch.compile, Triton, FlashInfer
+    JIT) is kept in a volume of this image's own (``builder.jitcache``)."""
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [
-        "/model",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--served-model-name",
-        MODEL_NAME,
-        *check.serve_args,
-    ]
+    command = ["/model", "--host", "127.0.0.1", "--port", str(port), "--served-model-name", MODEL_NAME, *check.serve_args]
+    caches = jitcache.for_image(image_id(engine, image))
     name = f"sparkbuild-verify-{secrets.token_hex(4)}"
+    mounts = {model.resolve(): "/model"}
+    environment = jitcache.environment()
+    with engine.run(image, command, name=name, mounts=mounts, caches=caches, environment=environment, gpus=gpus) as container:
+        yield container, f"http://127.0.0.1:{port}"
+
+
+def image_id(engine: Engine, image: str) -> str:
+    """The image's ID: the sha256 of its config, which any change to the image changes."""
+    return str(engine.inspect(image)["Id"])
+
+
+def serve_check(engine: Engine, image: str, check: Check, model: Path, result_file: Path, *, gpus: bool = False) -> VerifyResult:
+    """Serve ``model`` from ``image`` and run the check: the result, written to ``result_file``,
+    not judged; the speed too where the check has ``bench``. Whatever happens, the server's whole
+    log is kept beside the result; when the check fails, so is what failed (``failure.json``)."""
     folder = result_file.parent
-    # What the server compiles (torch.compile, Triton, FlashInfer JIT) is kept for this image alone.
-    caches = jitcache.for_image(str(engine.inspect(image)["Id"]))
-    run = engine.run(
-        image,
-        command,
-        name=name,
-        mounts={model.resolve(): "/model"},
-        caches=caches,
-        environment=jitcache.environment(),
-        gpus=gpus,
-    )
-    with run as container:
+    with started(engine, image, check, model, gpus=gpus) as (container, url):
+        done = False
         try:
             with log.step(f"Waiting for {image} to serve on {url}"):
                 startup = wait_healthy(container, url, check.startup_timeout)
@@ -128,16 +134,20 @@ def serve_check(
                 benchmark=(
                     lambda: speed.measure(engine, image, check, model, url=url, served_name=MODEL_NAME, folder=folder / "bench")
                 )
-                if bench
+                if check.bench
                 else None,
-                no_benchmark="speed is measured on the target's first check",
+                no_benchmark=f"check {check.name} has bench: false",
+                image_id=image_id(engine, image),
                 reference=numerics.load(model),
             )
-            return run_check(server, check, image=image, model=str(model), startup=startup, result_file=result_file)
+            result = run_check(server, check, image=image, model=str(model), startup=startup, result_file=result_file)
+            done = True  # run_check kept the log its result names (by digest)
+            return result
         except VerifyError as exc:
             raise failed(exc, container, check, image, folder) from None
         finally:
-            _save_log(container, folder / SERVER_LOG)
+            if not done:
+                _save_log(container, folder / SERVER_LOG)
 
 
 def _save_log(container: Container, path: Path) -> None:
@@ -159,23 +169,70 @@ def failed(exc: VerifyError, container: Container, check: Check, image: str, fol
     )
 
 
-def result_files(first: Path, checks: Sequence[Check]) -> dict[str, Path]:
-    """Where each check's result goes: the first (benchmarked) check's at ``first``, with its
-    server.log, bench/ and plot beside it; each further check's in ``checks/<name>/`` beside that."""
-    return {c.name: first if i == 0 else first.parent / "checks" / c.name / first.name for i, c in enumerate(checks)}
+def result_files(first: Path, checks: Sequence[Check] | Sequence[str]) -> dict[str, Path]:
+    """Where each check's result goes: the target's first check's at ``first``; each further
+    check's in ``checks/<name>/`` beside it. Each folder has its server.log, and a benchmarked
+    check's its bench/, speed.json and plot."""
+    names = [c if isinstance(c, str) else c.name for c in checks]
+    return {name: first if i == 0 else first.parent / "checks" / name / first.name for i, name in enumerate(names)}
 
 
-def passed(result_file: Path, image: str) -> bool:
-    """Whether ``result_file`` is a passing result of ``image``, or says the check was skipped on
-    this host (what publish requires of each check: a skip is named in the summary and attached as
-    such, never counted as a pass)."""
+def tie(result_file: Path, image: str, inspected: Mapping[str, Any]) -> str | None:
+    """Why ``result_file`` is not a result publish may trust for ``image`` (``inspected``: the
+    engine's inspect of it); None where it is one. A result is trusted when it passed, or says
+    the check was skipped on this host (named in the summary and attached as such, never counted
+    as a pass), and names this image by its reference and its ID; a served one also names the
+    vLLM version the image carries and the sha256 of the server's log beside it, which names that
+    version too. A hand-written result, or one of the image as it was before a rebuild, fails one
+    of these."""
     try:
         data = json.loads(result_file.read_text())
-    except (OSError, ValueError):
-        return False
-    if not isinstance(data, dict) or data.get("image") != image:
-        return False
-    return data.get("ok") is True or bool(data.get("skipped"))
+    except (OSError, ValueError) as exc:
+        return f"no readable result ({type(exc).__name__})"
+    if not isinstance(data, dict):
+        return "not a verify result (a JSON object)"
+    if data.get("image") != image:
+        return f"a result of {data.get('image')!r}, not of {image}"
+    own = str(inspected["Id"])
+    if data.get("image_id") != own:
+        return f"it names image ID {data.get('image_id')!r}, but {image} is {own}: a stale or hand-written result"
+    if data.get("skipped"):
+        return None
+    if data.get("ok") is not True:
+        return "the check did not pass"
+    return _served_by(result_file.parent / SERVER_LOG, data, inspected)
+
+
+def _served_by(log_file: Path, data: Mapping[str, Any], inspected: Mapping[str, Any]) -> str | None:
+    """Why the server log and the vLLM version a passing result names are not this image's."""
+    try:
+        text = log_file.read_bytes()
+    except OSError:
+        return f"no server log beside it ({log_file}): not a result verify wrote"
+    digest = log_digest(text)
+    if data.get("server_log_sha256") != digest:
+        return (
+            f"it names server log {data.get('server_log_sha256')!r}, but {log_file} is {digest}: an edited or hand-written result"
+        )
+    version = str(data.get("vllm_version") or "")
+    if not version or version not in text.decode(errors="replace"):
+        return f"its server log never names the vLLM version it gives ({version!r})"
+    carried = (inspected.get("Config", {}).get("Labels") or {}).get("io.sparkbuild.vllm.version")
+    if carried is not None and _public(version) != _public(carried):
+        return f"its server reported vLLM {version}; the image carries {carried}"
+    return None
+
+
+def log_digest(text: bytes) -> str:
+    return "sha256:" + hashlib.sha256(text).hexdigest()
+
+
+def _public(version: str) -> str:
+    """``0.32.0`` of ``0.32.0+cpu``: the version without its local label."""
+    try:
+        return Version(version).public
+    except InvalidVersion:
+        return version
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -193,7 +250,7 @@ class Verified:
 
     @property
     def first(self) -> VerifyResult | None:
-        """The benchmarked check's result."""
+        """The first check's result."""
         return self.results.get(self.checks[0])
 
     def require(self) -> Verified:
@@ -217,11 +274,13 @@ def verify_all(
     cache: Path,
     gpus: bool = False,
     model: Path | None = None,
+    layout: Sequence[str] = (),
 ) -> Verified:
-    """Every check of a target against ``image``, one server each, in order; the first is
-    benchmarked. A failing check never stops the next: all are run, then judged together.
-    ``model`` is a folder to serve in place of the (single) check's own model."""
-    files = result_files(result_file, checks)
+    """Every check of a target against ``image``, one server each, in order; each with ``bench``
+    is benchmarked. A failing check never stops the next: all are run, then judged together.
+    ``model`` is a folder to serve in place of the (single) check's own model. ``layout``: the
+    target's checks, where ``checks`` are some of them (their results go where the target's go)."""
+    files = result_files(result_file, layout or checks)
     results: dict[str, VerifyResult] = {}
     failures: dict[str, FatalError] = {}
     skipped: dict[str, str] = {}
@@ -234,12 +293,12 @@ def verify_all(
             reason = None if model is not None else runnable.skip_reason(check, serving)
             if reason is not None:
                 skipped[check.name] = reason
-                write_skipped(files[check.name], check, image, reason)
+                write_skipped(files[check.name], check, image, image_id(engine, image), reason)
                 log.warning(f"check {check.name}: SKIPPED, not served on this host: {reason}")
                 continue
             try:
                 folder = model or checkmodel.provide(cache, check)
-                served = serve_check(engine, image, check, folder, files[check.name], gpus=gpus, bench=i == 0)
+                served = serve_check(engine, image, check, folder, files[check.name], gpus=gpus)
                 results[check.name] = served
                 require(served, files[check.name])
             except FatalError as exc:
@@ -249,10 +308,10 @@ def verify_all(
     return Verified(checks=tuple(c.name for c in checks), results=results, failures=failures, skipped=skipped, folders=folders)
 
 
-def write_skipped(result_file: Path, check: Check, image: str, reason: str) -> None:
+def write_skipped(result_file: Path, check: Check, image: str, identity: str, reason: str) -> None:
     """The result of a check this host cannot run: named as skipped, with why; never ``ok``."""
     result_file.parent.mkdir(parents=True, exist_ok=True)
-    data = {"image": image, "check": check.name, "ok": False, "skipped": reason}
+    data = {"image": image, "image_id": identity, "check": check.name, "ok": False, "skipped": reason}
     result_file.write_text(json.dumps(data, indent=2) + "\n")
 
 
@@ -298,6 +357,8 @@ class Server:
     no_benchmark: str = "no image to run vllm bench serve from"
     # The logprobs the model's maker recorded, to hold the answers' numbers to (None: none recorded).
     reference: numerics.Reference | None = None
+    # The ID of the image serving (None: a server verify did not start).
+    image_id: str | None = None
 
 
 def run_check(server: Server, check: Check, *, image: str, model: str, startup: float, result_file: Path) -> VerifyResult:
@@ -321,7 +382,8 @@ def run_check(server: Server, check: Check, *, image: str, model: str, startup: 
         levels = ", ".join(map(str, check.concurrency))
         with log.step(f"vllm bench serve: decode, prefill, queueing at concurrency {levels}, x{check.bench_repeats}"):
             bench = server.benchmark()
-    kernels = _gate(server, check, version, result_file.parent / SERVER_LOG)
+    text = _keep_log(server, result_file.parent / SERVER_LOG)
+    kernels = _gate(text, check, version)
     result = VerifyResult(
         image=image,
         model=model,
@@ -333,6 +395,8 @@ def run_check(server: Server, check: Check, *, image: str, model: str, startup: 
         kernels=kernels,
         probes=probed,
         numbers=numbers,
+        image_id=server.image_id,
+        server_log_sha256=None if text is None else log_digest(text.encode()),
     )
     result_file.parent.mkdir(parents=True, exist_ok=True)
     result_file.write_text(json.dumps(result.to_json(), indent=2) + "\n")
@@ -373,12 +437,18 @@ def max_model_len(url: str) -> int:
         raise VerifyError(f"GET {url}/v1/models gave no max_model_len ({exc}): is it a vLLM server?") from None
 
 
-def _gate(server: Server, check: Check, version: str, log_file: Path) -> tuple[kernelpath.Chosen, ...]:
-    """The kernels vLLM chose, from its log (saved to ``log_file``), for the kinds the check expects."""
+def _keep_log(server: Server, log_file: Path) -> str | None:
+    """The server's log as it stands after every request of the check, saved to ``log_file``
+    (the result names its digest); None where it cannot be read."""
     text = server.read_log() if server.read_log is not None else None
     if text is not None:
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        log_file.write_text(text)
+        log_file.write_bytes(text.encode())
+    return text
+
+
+def _gate(text: str | None, check: Check, version: str) -> tuple[kernelpath.Chosen, ...]:
+    """The kernels vLLM chose, from its log, for the kinds the check expects."""
     if not check.kernels:
         return ()
     if text is None:

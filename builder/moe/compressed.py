@@ -141,8 +141,6 @@ def transformers_loader(folder: Path, task: Task) -> dict[str, Any]:
 
 
 def make(r: MoeRecipe, out: Path, base: Path) -> None:
-    from builder import moe
-
     torch, tf = training.libs()
     oneshot, modifier = _llmcompressor()
     start = time.monotonic()
@@ -193,7 +191,7 @@ def make(r: MoeRecipe, out: Path, base: Path) -> None:
     reference.write_meta(
         r,
         out,
-        moe.key(r.name),
+        recipe.key(r.name),
         proof,
         parameters=size,
         base=base.name,

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import training
-from builder.moe import reference, trained
+from builder.moe import recipe, reference, trained
 from builder.moe.recipe import MoeRecipe
 
 BLOCK = 32  # OCP MX block: 32 elements share one power-of-two scale
@@ -188,8 +188,6 @@ def _variant(folder: Path, element: str | None) -> Callable[[reference.Loaded], 
 
 
 def make(r: MoeRecipe, out: Path) -> None:
-    from builder import moe
-
     start = time.monotonic()
     net, fast = trained.train(r)
     task = r.task()
@@ -221,7 +219,7 @@ def make(r: MoeRecipe, out: Path) -> None:
     reference.write_meta(
         r,
         out,
-        moe.key(r.name),
+        recipe.key(r.name),
         proof,
         parameters=trained.parameters(net),
         trained_float32=before,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 from builder.moe.task import Task
@@ -60,3 +60,27 @@ class MoeRecipe:
             prompts=self.prompts,
             seed=self.task_seed,
         )
+
+
+# Bump when the training or quantizing code changes in a way that changes the checkpoints.
+VERSION = 3
+
+# Dimensions chosen so that no vLLM MoE backend pads (padding is a different code path from the one real
+# models take): hidden 256 meets the largest hidden alignment (TRT-LLM FP4 MoE and Marlin MXFP4 round
+# hidden up to 256), the expert width 128 the intermediate one (CUTLASS/FlashInfer/TRT-LLM/Marlin round
+# it up to 128), and every dense FP4 GEMM's K and N are multiples of 32 (CUTLASS FP4 on SM120) and of
+# the 16-element NVFP4 group, the 32-element MXFP4 block and the 128x128 FP8 weight block. Both
+# architectures run the same task (builder/moe/task.py) with the same prompts.
+_QWEN3 = MoeRecipe(name="moe-alphabet", arch="qwen3_moe", scheme="bf16", version=VERSION)
+RECIPES: dict[str, MoeRecipe] = {
+    "moe-alphabet": _QWEN3,
+    "moe-nvfp4": replace(_QWEN3, name="moe-nvfp4", scheme="NVFP4", base="moe-alphabet"),
+    "moe-fp8": replace(_QWEN3, name="moe-fp8", scheme="FP8_BLOCK", base="moe-alphabet"),
+    "gptoss-mxfp4": MoeRecipe(name="gptoss-mxfp4", arch="gpt_oss", scheme="mxfp4", version=VERSION),
+}
+
+
+def key(name: str) -> str:
+    """The cache key of recipe ``name``: its own fields and, for a quantized one, its base's key."""
+    r = RECIPES[name]
+    return r.key() if r.base is None else f"{r.key()[:8]}{key(r.base)[:8]}"

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import log, training
-from builder.moe import reference
+from builder.moe import recipe, reference
 from builder.moe.recipe import MoeRecipe
 from builder.moe.task import Encoder, Task
 
@@ -145,8 +145,6 @@ def parameters(net: Any) -> int:
 
 def make(r: MoeRecipe, out: Path) -> None:
     """The unquantized model in bfloat16 (the dtype the quantized ones start from and vLLM serves)."""
-    from builder import moe
-
     torch, tf = training.libs()
     start = time.monotonic()
     net, fast = train(r)
@@ -172,7 +170,7 @@ def make(r: MoeRecipe, out: Path) -> None:
     reference.write_meta(
         r,
         out,
-        moe.key(r.name),
+        recipe.key(r.name),
         proof,
         parameters=parameters(net),
         trained_float32=before,

@@ -1,31 +1,26 @@
 """Speed with vLLM's own benchmark, on the real local image and the known-answer model: the figures
-are consistent at every level; a serve setting made slower on purpose is flagged by the gate; and,
-against the real embedded registry, the baseline round-trips and a regressed image keeps the
-readable tags where they were. No assertion reads the wall clock: the gate compares two
-measurements of this machine, and the regression made on purpose is several times the noise.
+are consistent at every level; and, against the real embedded registry, each check's baseline
+round-trips, a regressed image keeps the readable tags where they were, and a release with no
+baseline of its own is compared with its lineage's. Images made slower on purpose are flagged in
+tests/integration/test_speed_gate.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import secrets
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from builder import baseline, benchmark, benchreport, build, model, pipeline, plan, regression, speed, verify
+from builder import baseline, benchmark, benchreport, build, pipeline, plan, regression, verify
 from builder.benchmark import Benchmark
 from builder.engine import Engine
-from builder.matrix import Check
-from builder.net import free_port
 from builder.options import Options
 from builder.publish import last_good_tag
 from builder.registry import Registry
-from tests.support import DATA, ROOT
-from tests.support.matrix import LOCAL_PLATFORM
+from tests.support import DATA, ROOT, speedrig
+from tests.support.matrix import LOCAL_PLATFORM, local_id
 
 pytestmark = pytest.mark.docker
 
@@ -48,29 +43,11 @@ def local_image(
     return build.build(engine, local_plan, opts).image
 
 
-@contextmanager
-def serving(engine: Engine, image: str, folder: Path, check: Check, *extra: str) -> Iterator[int]:
-    """The image serving the check model as verify serves it (plus ``extra``); its port."""
-    port = free_port()
-    command = ["/model", "--host", "127.0.0.1", "--port", str(port), "--served-model-name", verify.MODEL_NAME]
-    command += [*check.serve_args, *extra]
-    with engine.run(image, command, name=f"sparkbuild-bench-{secrets.token_hex(4)}", mounts={folder: "/model"}) as container:
-        verify.wait_healthy(container, f"http://127.0.0.1:{port}", 900)
-        yield port
-
-
-def measure(engine: Engine, image: str, check: Check, folder: Path, out: Path, *extra: str) -> Benchmark:
-    with serving(engine, image, folder, check, *extra) as port:
-        url = f"http://127.0.0.1:{port}"
-        return speed.measure(engine, image, check, folder, url=url, served_name=verify.MODEL_NAME, folder=out)
-
-
 def test_the_tiny_models_figures_are_consistent_at_every_level(
     engine: Engine, local_image: str, local_plan: plan.TargetPlan, cache: Path, tmp_path: Path
 ) -> None:
     check = dataclasses.replace(local_plan.target.check, bench_repeats=1)
-    folder = model.ensure(cache, check.model)
-    bench = measure(engine, local_image, check, folder, tmp_path / "bench")
+    bench = speedrig.measure(engine, local_image, check, cache, tmp_path / "bench")
     assert {(lv.scenario, lv.concurrency) for lv in bench.levels} == {
         (s, c) for s in benchmark.SCENARIOS for c in check.concurrency
     }
@@ -89,30 +66,13 @@ def test_the_tiny_models_figures_are_consistent_at_every_level(
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_a_server_made_slower_on_purpose_is_flagged_by_the_gate(
-    engine: Engine, local_image: str, local_plan: plan.TargetPlan, cache: Path, tmp_path: Path
-) -> None:
-    """One sequence at a time (--max-num-seqs 1) at c=10: ten requests wait behind each one."""
-    check = dataclasses.replace(local_plan.target.check, concurrency=(10,), bench_repeats=2)
-    folder = model.ensure(cache, check.model)
-    before = measure(engine, local_image, check, folder, tmp_path / "before")
-    slower = measure(engine, local_image, check, folder, tmp_path / "slower", "--max-num-seqs", "1")
-    gate = regression.compare(slower, before, threshold_pct=check.bench_threshold_pct, baseline_of="sha256:before")
-    assert gate.verdict == "regressed", benchreport.table(slower, before, gate)
-    assert {(c.scenario, c.figure) for c in gate.regressions()} & {("queueing", "ttft_ms_p99"), ("prefill", "ttft_ms_p50")}
-    # The other way round, none of the figures it flagged is a regression. (Other figures may be:
-    # one sequence at a time decodes each request faster, so the default server's per-request rate
-    # is lower than that baseline's.)
-    back = regression.compare(before, slower, threshold_pct=check.bench_threshold_pct, baseline_of="x")
-    flagged = {(c.scenario, c.concurrency, c.figure) for c in gate.regressions()}
-    assert not flagged & {(c.scenario, c.concurrency, c.figure) for c in back.regressions()}
-
-
 # --- the baseline in the registry, and the readable tags of a regressed image -------------------
 
 
-def recorded(name: str) -> Benchmark:
-    return benchmark.from_json(json.loads((RECORDED / name).read_text()), name)
+def recorded(name: str, repeats: int = 5) -> Benchmark:
+    """A recorded benchmark, as if each of its figures were the median of ``repeats`` runs."""
+    bench = benchmark.from_json(json.loads((RECORDED / name).read_text()), name)
+    return dataclasses.replace(bench, levels=tuple(dataclasses.replace(lv, repeats=repeats) for lv in bench.levels))
 
 
 def a_run(p: plan.TargetPlan, image: str, measured: Benchmark, found: baseline.Found | None) -> pipeline.TargetRun:
@@ -121,9 +81,16 @@ def a_run(p: plan.TargetPlan, image: str, measured: Benchmark, found: baseline.F
         image=image, model="alphabet", check="alphabet", startup_s=1.0, answers=(answer,), benchmark=measured
     )
     was = found.benchmark if found else None
-    threshold = p.target.check.bench_threshold_pct
-    gate = regression.compare(measured, was, threshold_pct=threshold, baseline_of=found.image if found else None)
-    return pipeline.TargetRun(p, image=image, result=result, gate=gate, baseline=was)
+    check = p.target.check
+    gate = regression.compare(
+        measured,
+        was,
+        threshold_pct=check.bench_threshold_pct,
+        baseline_of=found.image if found else None,
+        baseline_target=found.target if found else None,
+    )
+    speed = pipeline.Speed(check=check, measured=measured, baseline=was, gate=gate, table="", plot=Path("benchmark.png"))
+    return pipeline.TargetRun(p, image=image, result=result, speeds={check.name: speed})
 
 
 def test_the_baseline_round_trips_and_a_regressed_image_keeps_the_readable_tags(
@@ -145,26 +112,29 @@ def test_the_baseline_round_trips_and_a_regressed_image_keeps_the_readable_tags(
     )
     opts = Options.from_env(matrix=ROOT / "matrix.yaml", only=(TARGET,), out=tmp_path / "out", lock=tmp_path / "matrix.lock.json")
     ctx = pipeline.Context(opts, registry, tmp_path / "work", {})
+    check = local_plan.target.check.name
     try:
-        # Night one: no baseline yet; published, its own figures become the baseline.
-        night1 = a_run(local_plan, first, recorded("baseline.json"), baseline.read(registry, local_plan))
-        assert night1.gate is not None and night1.gate.verdict == "no baseline"
+        # Night one: no baseline yet; published, its own figures become the baseline of its check.
+        night1 = a_run(local_plan, first, recorded("baseline.json"), baseline.read(registry, local_plan, check))
+        assert night1.speed_verdict == "no baseline"
         pipeline.publish_image(ctx, night1)
         assert night1.status == pipeline.Status.PUBLISHED and night1.error is None
-        found = baseline.read(registry, local_plan)
-        assert found is not None and found.image == night1.digest
+        found = baseline.read(registry, local_plan, check)
+        assert found is not None and found.image == night1.digest and found.target == local_plan.id
         assert found.benchmark == recorded("baseline.json")
+        assert baseline.read(registry, local_plan, "moe-alphabet") is None  # each check has its own
 
         # Night two: slower; published by digest, readable tags and last-good left on night one.
         p2 = dataclasses.replace(local_plan, content_tag=f"{local_plan.content_tag}-slower")
         night2 = a_run(p2, second, recorded("slower.json"), found)
         pipeline.publish_image(ctx, night2)
         assert night2.status == pipeline.Status.REGRESSED and "readable tags not moved" in str(night2.error)
+        assert f"check {check} against {night1.digest}" in str(night2.error)
         for tag in (*local_plan.tags, last_good_tag(local_plan.id)):
             assert registry.digest(local_plan.repository, tag) == night1.digest, tag
         assert registry.digest(local_plan.repository, p2.content_tag) == night2.digest != night1.digest
         # Its attached baseline is night one's, carried forward; the target's baseline is unchanged.
-        again = baseline.read(registry, local_plan)
+        again = baseline.read(registry, local_plan, check)
         assert again is not None and again.image == night1.digest and again.benchmark == found.benchmark
 
         # Where the check does not hold tags, a regressed image moves them (and is still flagged).
@@ -174,6 +144,17 @@ def test_the_baseline_round_trips_and_a_regressed_image_keeps_the_readable_tags(
         pipeline.publish_image(ctx, night3)
         assert night3.status == pipeline.Status.REGRESSED
         assert registry.digest(local_plan.repository, local_plan.tags[-1]) == night2.digest
+
+        # The next release has no last-good of its own: its lineage's (this release's) is its baseline;
+        # another platform's, a newer release's or a release candidate's never is.
+        later = dataclasses.replace(local_plan, target=dataclasses.replace(local_plan.target, id=local_id("0.33.0")))
+        lineage = baseline.read(registry, later, check)
+        assert lineage is not None and lineage.target == local_plan.id
+        assert lineage.image == registry.digest(local_plan.repository, last_good_tag(local_plan.id)) == night3.digest
+        other = dataclasses.replace(local_plan, target=dataclasses.replace(local_plan.target, id="vllm-0.33.0-cpu-riscv64"))
+        assert baseline.read(registry, other, check) is None
+        older = dataclasses.replace(local_plan, target=dataclasses.replace(local_plan.target, id=local_id("0.31.0")))
+        assert baseline.read(registry, older, check) is None
     finally:  # the names this test gave (the base keeps its own)
         for ref in (first, second):
             for name in engine.inspect(ref)["RepoTags"]:

@@ -86,7 +86,9 @@ def test_a_check_the_cpu_image_cannot_serve_is_skipped_before_any_server_starts(
     assert "docker run" not in capfd.readouterr().err
     written = json.loads((tmp_path / "verify.json").read_text())
     assert written["ok"] is False and written["skipped"] == found.skipped["moe-nvfp4"]
-    assert verify.passed(tmp_path / "verify.json", local_image)  # publish may go on: nothing was proven wrong
+    # Publish may go on (nothing was proven wrong): the skip names this image by its ID.
+    assert written["image_id"] == engine.inspect(local_image)["Id"]
+    assert verify.tie(tmp_path / "verify.json", local_image, engine.inspect(local_image)) is None
 
 
 def test_the_image_says_at_once_when_dev_shm_is_too_small(engine: Engine, local_image: str) -> None:

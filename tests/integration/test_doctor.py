@@ -18,7 +18,7 @@ import docker.errors
 import pytest
 
 from builder import host, matrix
-from builder.registry import free_port
+from builder.net import free_port
 from tests.support import ROOT
 from tests.support.cli import run as run_sparkbuild
 from tests.support.matrix import LOCAL_PLATFORM, local_id

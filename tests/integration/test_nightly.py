@@ -1,22 +1,28 @@
-"""The whole local profile, for real: base image, vLLM CPU image, verify, publish, and a no-op rerun.
+"""The whole local profile, for real: base image, vLLM CPU image, verify, publish, a check the
+target gained run on the published image, and a no-op rerun.
 
-One module-scoped pair of nightlies builds the real image (minutes, the first time on a machine);
-the other tests use what it built.
+One module-scoped set of nightlies builds the real image (minutes, the first time on a machine):
+the first as the target was before it gained ``moe-alphabet`` (``alphabet`` alone), the second with
+the shipped matrix (the new check runs on the published image: checks are not in the content
+hash), the third with nothing left to do. The other tests use what they made.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from builder import model
 from builder.engine import Engine
 from builder.registry import embedded
+from tests.support import ROOT
 from tests.support.cli import run as sparkbuild
 from tests.support.matrix import local_id
 
@@ -32,10 +38,23 @@ class Nightlies:
     first_row: dict[str, Any]
     second: subprocess.CompletedProcess[str]
     second_row: dict[str, Any]
+    third: subprocess.CompletedProcess[str]
+    third_row: dict[str, Any]
 
     @property
     def image(self) -> str:
         return str(self.first_row["tag"])
+
+
+def before_moe(folder: Path) -> Path:
+    """The shipped matrix's local target as it was before it gained ``moe-alphabet``."""
+    shipped = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    shipped["targets"] = [t for t in shipped["targets"] if t.get("profile") == "local"]
+    shipped["targets"][0]["check"] = ["alphabet"]
+    shipped.pop("rehearsal", None)
+    (folder / "patches").symlink_to(ROOT / "patches")
+    (folder / "matrix.yaml").write_text(yaml.safe_dump(shipped, sort_keys=False))
+    return folder / "matrix.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +62,16 @@ def nightly(cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Nightlies:
     out = tmp_path_factory.mktemp("out")
     # No SPARKBUILD_REGISTRY: the nightly starts and stops its embedded registry, as in the README.
     env = {"SPARKBUILD_CACHE": str(cache), "SPARKBUILD_OUT": str(out), "SPARKBUILD_DATE": "20261121", "SPARKBUILD_REGISTRY": ""}
-    first = sparkbuild("nightly", "--profile", "local", env=env)
+    first = sparkbuild("nightly", "--matrix", str(before_moe(tmp_path_factory.mktemp("before"))), env=env)
     assert first.returncode == 0, first.stderr[-3000:]
     (first_row,) = json.loads((out / "summary.json").read_text())
-    second = sparkbuild("nightly", "--profile", "local", "--json", env=env)
+    second = sparkbuild("nightly", "--profile", "local", env=env)
     assert second.returncode == 0, second.stderr[-3000:]
-    (second_row,) = json.loads(second.stdout)
-    return Nightlies(env, out, first, first_row, second, second_row)
+    (second_row,) = json.loads((out / "summary.json").read_text())
+    third = sparkbuild("nightly", "--profile", "local", "--json", env=env)
+    assert third.returncode == 0, third.stderr[-3000:]
+    (third_row,) = json.loads(third.stdout)
+    return Nightlies(env, out, first, first_row, second, second_row, third, third_row)
 
 
 def test_first_nightly_publishes_a_verified_image(nightly: Nightlies) -> None:
@@ -58,7 +80,7 @@ def test_first_nightly_publishes_a_verified_image(nightly: Nightlies) -> None:
     assert nightly.first_row["digest"].startswith("sha256:")
     assert "| target" in nightly.first.stdout and TARGET in nightly.first.stdout
     # With --json, stdout is the JSON alone and the table goes to stderr.
-    assert "| target" in nightly.second.stderr
+    assert "| target" in nightly.third.stderr
 
 
 def test_first_nightly_wrote_a_verify_result_with_answers_and_speed(nightly: Nightlies) -> None:
@@ -81,40 +103,50 @@ def test_first_nightly_wrote_a_verify_result_with_answers_and_speed(nightly: Nig
     assert "prompt longer than the context" in data["probes"]
 
 
-def test_the_second_check_served_a_moe_through_the_gate_with_no_benchmark(nightly: Nightlies, cache: Path) -> None:
+def test_the_check_the_target_gained_ran_on_the_published_image(nightly: Nightlies) -> None:
+    """The second nightly finds the image published and ``moe-alphabet`` never run on it: it
+    builds nothing, serves that check on the published image, benchmarks it (its first
+    baseline) and attaches its result; the target reads ``checked``, not ``up to date``."""
     if nightly.first_row["status"] == "up to date":
         pytest.skip("the image was already published by an earlier run with this cache")
-    assert nightly.first_row["checks"] == [
-        {"check": "alphabet", "ok": True, "skipped": None, "error": None, "log": None},
-        {"check": "moe-alphabet", "ok": True, "skipped": None, "error": None, "log": None},
-    ]
-    assert "moe-alphabet: 8/8 answers, logprobs as recorded, moe CPU" in nightly.first.stdout  # the lookup chain's 8 prompts
+    row = nightly.second_row
+    assert row["status"] == "checked" and row["digest"] == nightly.first_row["digest"]
+    assert "==> Building" not in nightly.second.stderr and "check moe-alphabet (1/1)" in nightly.second.stderr
+    assert [(c["check"], c["ok"], c["error"]) for c in row["checks"]] == [("moe-alphabet", True, None)]
+    assert "moe-alphabet: 8/8 answers, logprobs as recorded" in nightly.second.stdout  # the lookup chain's 8 prompts
+    assert row["speed"]["verdict"] == "no baseline" and [c["check"] for c in row["speed"]["checks"]] == ["moe-alphabet"]
     folder = nightly.out / TARGET / "checks" / "moe-alphabet"
     data = json.loads((folder / "verify.json").read_text())
-    assert data["ok"] is True and data["benchmark"] is None and "moe-alphabet" in data["model"]
+    assert data["ok"] is True and "moe-alphabet" in data["model"] and data["benchmark"] is not None
+    assert data["image"].endswith(f"@{row['digest']}")  # the published image, by digest
     # Its answers' logprobs are held to the reference the model recorded, one by one and batched.
     assert [(n["mode"], n["ok"], n["positions"]) for n in data["numbers"]] == [("one by one", True, 48), ("batch", True, 48)]
     (moe,) = data["kernels"]
     assert moe["ok"] and moe["chosen"][0]["backend"] == "CPU" and "MoE backend" in moe["chosen"][0]["line"]
     assert "MoE backend" in (folder / "server.log").read_text()
-    # Each check's result is attached to the published image; inspect shows both, the benchmarked first.
-    env = {**nightly.env, "SPARKBUILD_REGISTRY": ""}
-    with embedded(cache / "registry") as registry:
-        repository = nightly.image.split(":")[0]
-        shown = sparkbuild("inspect", f"{registry.host}/{repository}@{nightly.first_row['digest']}", "--json", env=env)
+    assert (folder / "benchmark.png").is_file() and (folder / "speed.json").is_file()
+
+
+def test_inspect_reaches_the_printed_reference_after_the_run_ended(nightly: Nightlies) -> None:
+    """The reference the first nightly printed names its embedded registry, stopped since: inspect
+    starts it again, as publish does, and shows each check's result, each with its benchmark."""
+    if nightly.first_row["status"] == "up to date":
+        pytest.skip("the image was already published by an earlier run with this cache")
+    (reference,) = set(re.findall(r"published (\S+@sha256:[0-9a-f]{64})", nightly.first.stderr))
+    shown = sparkbuild("inspect", reference, "--json", env=nightly.env)
     assert shown.returncode == 0, shown.stderr[-2000:]
     results = json.loads(shown.stdout)["verify"]
     assert [(r["check"], r["ok"], r["benchmark"] is not None) for r in results] == [
         ("alphabet", True, True),
-        ("moe-alphabet", True, False),
+        ("moe-alphabet", True, True),
     ]
 
 
-def test_second_nightly_builds_nothing(nightly: Nightlies) -> None:
-    assert nightly.second_row["status"] == "up to date"
-    assert nightly.second_row["digest"] == nightly.first_row["digest"]
+def test_the_third_nightly_builds_and_serves_nothing(nightly: Nightlies) -> None:
+    assert nightly.third_row["status"] == "up to date"
+    assert nightly.third_row["digest"] == nightly.first_row["digest"]
     for sign_of_work in ("==> Building", "docker build", "debootstrap", "docker run", "docker push"):
-        assert sign_of_work not in nightly.second.stderr
+        assert sign_of_work not in nightly.third.stderr
 
 
 def test_published_image_has_labels_manifest_and_tags(nightly: Nightlies, engine: Engine, cache: Path) -> None:

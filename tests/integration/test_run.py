@@ -19,8 +19,8 @@ import requests
 from builder import build, model, plan, verify
 from builder.engine import Container, Engine
 from builder.jitcache import CACHES
+from builder.net import free_port
 from builder.options import Options
-from builder.registry import free_port
 from tests.support import ROOT
 
 pytestmark = pytest.mark.docker

@@ -20,7 +20,7 @@ import pytest
 
 from builder import binaries
 from builder.options import Options
-from tests.patches import nvcc
+from tests.support import nvcc
 
 pytestmark = pytest.mark.nvcc
 BIN = Path(sys.executable).parent

@@ -202,23 +202,21 @@ def test_provenance_lists_every_commit_base_and_patch_of_the_manifest(spark_plan
 
 
 @pytest.mark.parametrize(
-    ("image", "registry", "expected"),
+    ("image", "expected"),
     [
-        (f"127.0.0.1:5000/team/vllm@{DIGEST}", None, ("127.0.0.1:5000", "team/vllm", DIGEST)),
-        ("registry.example.com/team/vllm:nightly", None, ("registry.example.com", "team/vllm", "nightly")),
-        ("team/vllm:nightly", "127.0.0.1:5000", ("127.0.0.1:5000", "team/vllm", "nightly")),
+        (f"127.0.0.1:5000/team/vllm@{DIGEST}", ("127.0.0.1:5000", "team/vllm", DIGEST)),
+        ("registry.example.com/team/vllm:nightly", ("registry.example.com", "team/vllm", "nightly")),
+        # No host: the registry is --registry, SPARKBUILD_REGISTRY or the cache's embedded one (inspection.reach).
+        ("team/vllm:nightly", (None, "team/vllm", "nightly")),
     ],
 )
-def test_inspect_reads_image_names(image: str, registry: str | None, expected: tuple[str, str, str]) -> None:
-    assert inspection.parse_image(image, registry) == expected
+def test_inspect_reads_image_names(image: str, expected: tuple[str | None, str, str]) -> None:
+    assert inspection.parse_image(image) == expected
 
 
-def test_inspect_refuses_a_name_without_a_registry_or_tag(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("SPARKBUILD_REGISTRY", raising=False)
-    with pytest.raises(ConfigError, match="no registry in the name"):
-        inspection.parse_image("team/vllm:nightly", None)
+def test_inspect_refuses_a_name_without_a_tag_or_digest() -> None:
     with pytest.raises(ConfigError, match="name a tag or a digest"):
-        inspection.parse_image("127.0.0.1:5000/team/vllm", None)
+        inspection.parse_image("127.0.0.1:5000/team/vllm")
 
 
 def test_inspect_says_when_nothing_is_attached() -> None:

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from builder import buildcache, doctor, host, matrix
-from builder.engine import BuildCli, EngineFacts
+from builder import buildkit, doctor, host, matrix
+from builder.buildkit import BuildCli
+from builder.engine import EngineFacts
 from builder.errors import EngineError, RegistryUnavailableError, ToolMissingError
 from builder.options import Options
 from tests.support import DATA, ROOT
@@ -28,7 +29,7 @@ ENGINE = EngineFacts(
     cli=BuildCli(
         prefix=("/usr/bin/docker", "build"),
         env=(("DOCKER_BUILDKIT", "1"),),
-        builder=buildcache.Builder(buildx=False, driver="docker", client="20.10.24+dfsg1"),
+        builder=buildkit.Builder(buildx=False, driver="docker", client="20.10.24+dfsg1"),
     ),
 )
 NO_SMI = host.Gpus(error="nvidia-smi is not installed (no NVIDIA driver on this host)")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import benchmark, kernelpath, log, patch, pipeline, plan, verify
+from builder import benchmark, benchreport, kernelpath, log, patch, pipeline, plan, regression, verify
 from builder.errors import BuildError, ToolMissingError, VerifyError
 from builder.options import Options
 from builder.registry import Registry
@@ -235,31 +235,10 @@ def test_each_further_check_writes_its_result_in_its_own_folder(tmp_path: Path) 
     assert files == {"alphabet": tmp_path / "verify.json", "moe-alphabet": tmp_path / "checks" / "moe-alphabet" / "verify.json"}
 
 
-def test_publish_wants_a_passing_result_of_every_check_of_this_image(tmp_path: Path) -> None:
-    from builder import build, cli
-
-    opts = Options.from_env(matrix=ROOT / "matrix.yaml", profile="local", out=tmp_path)
-    (p,) = plan.make(opts)
-    files = verify.result_files(tmp_path / p.id / "verify.json", p.target.checks)
-    for path in files.values():
-        path.parent.mkdir(parents=True, exist_ok=True)
-    files["alphabet"].write_text(json.dumps({"ok": True, "image": build.local_ref(p)}))
-    with pytest.raises(
-        VerifyError, match=r"no passing verify result of check moe-alphabet \(.*checks/moe-alphabet/verify.json\)"
-    ):
-        cli.require_verified(opts, p, unverified=False)
-    files["moe-alphabet"].write_text(json.dumps({"ok": True, "image": "another/image:1"}))  # not this image's
-    with pytest.raises(VerifyError, match="check moe-alphabet"):
-        cli.require_verified(opts, p, unverified=False)
-    files["moe-alphabet"].write_text(json.dumps({"ok": True, "image": build.local_ref(p)}))
-    cli.require_verified(opts, p, unverified=False)
-    cli.require_verified(dataclasses.replace(opts, out=tmp_path / "none"), p, unverified=True)
-
-
 def test_a_kernel_path_read_with_unverified_patterns_says_so_in_the_summary() -> None:
     """The recorded vLLM 0.32.0 CPU log read as a newer vLLM's (none exists to record: the stand-in
     for a fault that cannot be produced for real), its check accepting unverified patterns."""
-    log = (Path(__file__).parent / "data" / "kernel-logs" / "vllm-0.32.0-cpu-mixtral.log").read_text()
+    log = (DATA / "kernel-logs" / "vllm-0.32.0-cpu-mixtral.log").read_text()
     chosen = tuple(kernelpath.gate({"moe": ("CPU",)}, log, "0.34.0", accept_unverified=True))
     run = a_run(pipeline.Status.PUBLISHED)
     assert run.result is not None
@@ -271,3 +250,46 @@ def test_a_kernel_path_read_with_unverified_patterns_says_so_in_the_summary() ->
     assert str(run.row()["verify"]).endswith(f"; moe-alphabet: 1/1 answers, {unverified}")
     # A check's only (or first) result shows its kernel path too.
     assert pipeline.verify_cell(moe) == f"1/1 answers, {unverified}"
+
+
+def test_each_benchmarked_check_is_judged_on_its_own_and_the_worst_verdict_is_the_targets() -> None:
+    run = a_run(pipeline.Status.REGRESSED)
+    assert run.result is not None and run.result.benchmark is not None
+    bench = run.result.benchmark
+    base = dataclasses.replace(bench, levels=tuple(dataclasses.replace(lv, repeats=7) for lv in bench.levels))
+    slower = benchmark.from_json(json.loads((BASELINE.parent / "slower.json").read_text()), "slower.json")
+    checks = {c.name: c for c in run.plan.target.checks}
+    for name, measured in (("alphabet", base), ("moe-alphabet", slower)):
+        gate = regression.compare(measured, base, threshold_pct=10, baseline_of=f"sha256:{name}", baseline_target=run.plan.id)
+        table = benchreport.table(measured, base, gate)
+        run.speeds[name] = pipeline.Speed(
+            check=checks[name], measured=measured, baseline=base, gate=gate, table=table, plot=Path(f"{name}.png")
+        )
+    row = run.row()
+    assert row["speed"] == {
+        "verdict": "regressed",
+        "checks": [
+            {
+                "check": "alphabet",
+                "verdict": "ok",
+                "baseline_of": "sha256:alphabet",
+                "baseline_target": run.plan.id,
+                "table": run.speeds["alphabet"].table,
+                "plot": "alphabet.png",
+            },
+            {
+                "check": "moe-alphabet",
+                "verdict": "regressed",
+                "baseline_of": "sha256:moe-alphabet",
+                "baseline_target": run.plan.id,
+                "table": run.speeds["moe-alphabet"].table,
+                "plot": "moe-alphabet.png",
+            },
+        ],
+    }
+    table = pipeline.summary_table([run])
+    assert f"### {run.plan.id} alphabet: speed (ok)" in table
+    assert f"### {run.plan.id} moe-alphabet: speed (regressed)" in table
+    pipeline.regressed(run, held=True)
+    assert str(run.error).startswith("speed regressed: check moe-alphabet against sha256:moe-alphabet: ")
+    assert "readable tags not moved" in str(run.error)

@@ -1,0 +1,47 @@
+"""What the speed gate is proven with (tests/integration/test_speed_gate.py, bench/speed_gate.py):
+local images made slower on purpose (tests/data/slower_vllm.py), one layer from the shipped one, the
+inputs the gate exists to catch; and a check's speed measured on an image as verify measures it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Literal
+
+from builder import checkmodel, jitcache, speed, verify
+from builder.benchmark import Benchmark
+from builder.engine import Engine
+from builder.matrix import Check
+from tests.support import DATA
+from tests.support.images import derived_image
+
+SCRIPT = DATA / "slower_vllm.py"
+Kind = Literal["moe", "decode"]
+
+
+def slowed_image(engine: Engine, image: str, kind: Kind, seconds: float, folder: Path) -> str:
+    """``image`` with a sleep of ``seconds`` after its CPU MoE kernel call (``moe``) or in every
+    decode step (``decode``): built for real; its tag, ``sparkbuild-test/slower-<kind>:<ms>``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(SCRIPT, folder / SCRIPT.name)
+    step = f"RUN --mount=type=bind,source={SCRIPT.name},target=/tmp/{SCRIPT.name} python3 /tmp/{SCRIPT.name} {kind} {seconds}"
+    return derived_image(engine, image, f"sparkbuild-test/slower-{kind}:{round(seconds * 1000)}ms", step, folder)
+
+
+def remove(engine: Engine, image: str) -> None:
+    """The slowed image and the volume its servers compiled into (each image has its own)."""
+    volumes = jitcache.for_image(str(engine.inspect(image)["Id"]))
+    engine.client.images.remove(image)
+    for volume in volumes:
+        for found in engine.client.volumes.list(filters={"name": volume}):
+            if found.name == volume:
+                found.remove()
+
+
+def measure(engine: Engine, image: str, check: Check, cache: Path, folder: Path) -> Benchmark:
+    """``check``'s speed on ``image``: served as verify serves it (a fresh server, the image's own
+    compile volume), benchmarked by ``vllm bench serve`` from the image."""
+    model = checkmodel.provide(cache, check)
+    with verify.started(engine, image, check, model) as (container, url):
+        verify.wait_healthy(container, url, check.startup_timeout)
+        return speed.measure(engine, image, check, model, url=url, served_name=verify.MODEL_NAME, folder=folder)
