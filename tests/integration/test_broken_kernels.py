@@ -23,19 +23,19 @@ import pytest
 from builder import matrix, verify
 from builder.engine import Engine
 from builder.errors import VerifyError
-from tests.support import ROOT
+from tests.support import DATA, ROOT
 from tests.support.images import derived_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-# Each fault: where it goes (tests/integration/break_vllm.py, copied into the image) and what it does.
+# Each fault: where it goes (tests/data/break_vllm.py, copied into the image) and what it does.
 FAULTS = {
     "moe-zeroed": ("moe", "output.mul_(0.0)"),
     "moe-halved": ("moe", "output.mul_(0.5)"),
     "moe-noised": ("moe", "output.add_(torch.randn_like(output) * output.std())"),
     "attention-scaled": ("attention", "output.mul_(1.5)"),
 }
-BREAK = (Path(__file__).parent / "break_vllm.py").read_text()
+BREAK = (DATA / "break_vllm.py").read_text()
 
 
 def moe_check() -> matrix.Check:

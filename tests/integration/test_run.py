@@ -26,7 +26,7 @@ from tests.support import ROOT
 pytestmark = pytest.mark.docker
 
 SPARK = "vllm-0.33.0-cu130-sm121"
-PROBE = ROOT / "tests" / "integration" / "data" / "vllm_serve_config.py"
+PROBE = ROOT / "tests" / "data" / "vllm_serve_config.py"
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def spark_runtime(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def entrypoint(engine: Engine, image: str, runtime: Path, model_folder: Path, *user: str) -> dict[str, object]:
     """The Spark image's entrypoint, rendered, run in ``image`` with the user's arguments, where
-    vLLM's own `serve` parser and engine config (tests/integration/data/vllm_serve_config.py) take the
+    vLLM's own `serve` parser and engine config (tests/data/vllm_serve_config.py) take the
     place of the server; what vLLM made of the arguments."""
     mounts = {
         runtime / "serve_defaults.py": "/opt/sparkbuild/serve_defaults.py",
