@@ -26,7 +26,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from builder import binaries  # noqa: E402
+from sparkbuild.build import binaries  # noqa: E402
 
 # One kernel per unit: its name, and the -gencode of its unit.
 UNITS = {

@@ -28,9 +28,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from builder import binaries, cmd, host, sources  # noqa: E402
-from builder.errors import BinaryCheckError  # noqa: E402
-from builder.options import Options  # noqa: E402
+from sparkbuild.build import binaries  # noqa: E402
+from sparkbuild.config.options import Options  # noqa: E402
+from sparkbuild.errors import BinaryCheckError  # noqa: E402
+from sparkbuild.upstream import sources  # noqa: E402
+from sparkbuild.util import cmd, host  # noqa: E402
 
 MACHINES = ("aarch64", "x86_64")
 

@@ -21,10 +21,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from builder import moe, training  # noqa: E402
-from builder.moe import reference, trained  # noqa: E402
-from builder.moe.recipe import MoeRecipe  # noqa: E402
-from builder.moe.task import Encoder  # noqa: E402
+from sparkbuild.models import moe, training  # noqa: E402
+from sparkbuild.models.moe import reference, trained  # noqa: E402
+from sparkbuild.models.moe.recipe import MoeRecipe  # noqa: E402
+from sparkbuild.models.moe.task import Encoder  # noqa: E402
 
 
 def accuracy(r: MoeRecipe, net: Any, fast: Any, *, zeroed: bool = False) -> dict[str, float]:

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def nightly(env: dict[str, str]) -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "builder", "nightly", "--profile", "local"], env=env, cwd=ROOT, check=True)
+    subprocess.run([sys.executable, "-m", "sparkbuild", "nightly", "--profile", "local"], env=env, cwd=ROOT, check=True)
     return time.perf_counter() - start
 
 

@@ -42,8 +42,8 @@ def timed(args: list[str], runs: int, env: dict[str, str]) -> float:
 def local_remote(cache: Path, folder: Path) -> str:
     """A git remote with v0.33.0 (the cached tree) and v0.34.0rc1 on top."""
     sys.path.insert(0, str(ROOT))
-    from builder import patch
-    from builder.patch import releases
+    from sparkbuild import patch
+    from sparkbuild.patch import releases
 
     tree = releases.tree(THROUGH, cache, releases.reads(patch.load(ROOT / "patches")))
     repo = folder / "vllm"
@@ -70,14 +70,14 @@ def main() -> None:
     args = parser.parse_args()
     env = dict(os.environ)
     cache = Path(env.get("SPARKBUILD_CACHE") or Path.home() / ".cache" / "sparkbuild")
-    sparkbuild = [sys.executable, "-m", "builder"]
+    sparkbuild = [sys.executable, "-m", "sparkbuild"]
     with tempfile.TemporaryDirectory(prefix="sparkbuild-bench-") as tmp:
         remote = args.remote or local_remote(cache, Path(tmp))
         table = [*sparkbuild, "patch", "table", "--through", THROUGH, "--candidate-from", remote]
         result = {
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "arch": platform.machine()},
             "runs": args.runs,
-            "import_cli_s": timed([sys.executable, "-c", "import builder.cli"], args.runs, env),
+            "import_cli_s": timed([sys.executable, "-c", "import sparkbuild.cli"], args.runs, env),
             "check_one_release_s": timed([*sparkbuild, "patch", "check", "--vllm-version", THROUGH], args.runs, env),
             "table_every_release_s": timed([*sparkbuild, "patch", "table", "--through", THROUGH], args.runs, env),
             "table_every_release_and_candidate_s": timed(table, args.runs, env),

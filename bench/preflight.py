@@ -37,10 +37,14 @@ sys.path.insert(0, str(ROOT))
 
 from uv import find_uv_bin  # noqa: E402
 
-from builder import build, closure, cmd, gitrepo, offline, plan, rehearse, sources  # noqa: E402
-from builder.engine import Engine  # noqa: E402
-from builder.matrix import Matrix  # noqa: E402
-from builder.options import Options  # noqa: E402
+from sparkbuild.build import build, closure  # noqa: E402
+from sparkbuild.config.options import Options  # noqa: E402
+from sparkbuild.lanes import offline, rehearse  # noqa: E402
+from sparkbuild.oci.engine import Engine  # noqa: E402
+from sparkbuild.plan import plan  # noqa: E402
+from sparkbuild.plan.matrix import Matrix  # noqa: E402
+from sparkbuild.upstream import gitrepo, sources  # noqa: E402
+from sparkbuild.util import cmd  # noqa: E402
 
 
 def clear_caches() -> None:

@@ -31,10 +31,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from builder import build, gitrepo, offline, plan, rehearse, sources  # noqa: E402
-from builder.engine import Engine  # noqa: E402
-from builder.matrix import Matrix  # noqa: E402
-from builder.options import Options  # noqa: E402
+from sparkbuild.build import build  # noqa: E402
+from sparkbuild.config.options import Options  # noqa: E402
+from sparkbuild.lanes import offline, rehearse  # noqa: E402
+from sparkbuild.oci.engine import Engine  # noqa: E402
+from sparkbuild.plan import plan  # noqa: E402
+from sparkbuild.plan.matrix import Matrix  # noqa: E402
+from sparkbuild.upstream import gitrepo, sources  # noqa: E402
 
 CHANGED = "csrc/quantization/fp4/nvfp4_quant_entry.cu"
 

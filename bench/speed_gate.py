@@ -35,9 +35,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from builder import build, host, matrix, options, plan, regression  # noqa: E402
-from builder.benchmark import Benchmark  # noqa: E402
-from builder.engine import Engine  # noqa: E402
+from sparkbuild.build import build  # noqa: E402
+from sparkbuild.config import options  # noqa: E402
+from sparkbuild.oci.engine import Engine  # noqa: E402
+from sparkbuild.plan import matrix, plan  # noqa: E402
+from sparkbuild.util import host  # noqa: E402
+from sparkbuild.verify import regression  # noqa: E402
+from sparkbuild.verify.benchmark import Benchmark  # noqa: E402
 from tests.support import speedrig  # noqa: E402
 
 # What each slowed image sleeps: a few times an engine step of the tiny models here (a few ms).

@@ -35,16 +35,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import builder  # noqa: E402
-from builder import host, options  # noqa: E402
+import sparkbuild  # noqa: E402
+from sparkbuild.config import options  # noqa: E402
+from sparkbuild.util import host  # noqa: E402
 
-PACKAGE = builder.__name__
+PACKAGE = sparkbuild.__name__
 _LINE = re.compile(r"^import time:\s+(\d+)\s+\|\s+(\d+)\s+\|(\s+)(\S+)$")
 
 
 def modules() -> list[str]:
     """Every module of the package (the scripts that run inside images included), by dotted name."""
-    package = Path(builder.__file__).resolve().parent
+    package = Path(sparkbuild.__file__).resolve().parent
     names = []
     for path in sorted(package.rglob("*.py")):
         parts = path.relative_to(package.parent).with_suffix("").parts

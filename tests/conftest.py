@@ -11,9 +11,11 @@ import pytest
 import requests
 import yaml
 
-from builder import base_image, build, matrix, options, plan
-from builder.engine import Engine
-from builder.registry import Registry, embedded
+from sparkbuild.build import base_image, build
+from sparkbuild.config import options
+from sparkbuild.oci.engine import Engine
+from sparkbuild.oci.registry import Registry, embedded
+from sparkbuild.plan import matrix, plan
 from tests.support import ROOT
 from tests.support import matrix as support_matrix
 from tests.support.matrix import MatrixWriter
@@ -59,7 +61,7 @@ def emptied_registry() -> Path:
     """The embedded registry storage of the session's cache: kept from one session to the next as
     a layer cache (SPARKBUILD_TEST_REGISTRY, default ``~/.cache/sparkbuild/test-registry``), and
     emptied of every image through the registry's API as the session starts, so each session
-    publishes anew. Its blobs stay: at the address the registry keeps (builder/registry.py), Docker
+    publishes anew. Its blobs stay: at the address the registry keeps (sparkbuild/oci/registry.py), Docker
     mounts the layers an earlier session pushed instead of compressing the local image again
     (minutes). Remove the folder to start from nothing."""
     data = Path(os.environ.get("SPARKBUILD_TEST_REGISTRY") or options.default_cache() / "test-registry")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.engine import Engine
+from sparkbuild.oci.engine import Engine
 from tests.lanes.test_rc import rc_matrix
 from tests.support.matrix import local_id
 from tests.support.upstream import Upstream, spark_matrix, sparkbuild

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from builder.engine import Engine
-from builder.registry import embedded
+from sparkbuild.oci.engine import Engine
+from sparkbuild.oci.registry import embedded
 from tests.support import ROOT
 from tests.support.matrix import local_id, local_target, quick_checks
 from tests.support.upstream import Upstream, sparkbuild

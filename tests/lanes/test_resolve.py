@@ -9,9 +9,10 @@ from pathlib import Path
 
 import requests
 
-from builder import externals, lock, plan, sources
-from builder.options import Options
-from builder.registry import Registry
+from sparkbuild.config.options import Options
+from sparkbuild.oci.registry import Registry
+from sparkbuild.plan import lock, plan
+from sparkbuild.upstream import externals, sources
 from tests.support.git import git
 from tests.support.upstream import Upstream, commit, spark_matrix, sparkbuild
 

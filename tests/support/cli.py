@@ -1,6 +1,6 @@
 """The one way a test runs ``sparkbuild``.
 
-- ``run``: as a user runs it, a new process (``python -m builder``, or ``command=`` another
+- ``run``: as a user runs it, a new process (``python -m sparkbuild``, or ``command=`` another
   installation's), its output captured; the tail of its stderr is echoed into the test's output.
 - ``start``: the same, left running (a test that interrupts it, or reads its stderr as it comes).
 - ``in_process``: through the real entry point (``cli.main``: its exit codes, its message for a bug)
@@ -21,11 +21,11 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-import builder
-from builder import cli
+import sparkbuild
+from sparkbuild import cli
 from tests.support import ROOT
 
-PACKAGE = builder.__name__  # the import package: sparkbuild's own code
+PACKAGE = sparkbuild.__name__  # the import package: sparkbuild's own code
 COMMAND = (sys.executable, "-m", PACKAGE)
 
 

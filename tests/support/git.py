@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from builder import gitrepo
+from sparkbuild.upstream import gitrepo
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "Upstream Dev",

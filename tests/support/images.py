@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builder.engine import Engine
+from sparkbuild.oci.engine import Engine
 from tests.support.matrix import LOCAL_PLATFORM
 
 

@@ -10,7 +10,8 @@ from typing import Protocol
 
 import yaml
 
-from builder import host, matrix
+from sparkbuild.plan import matrix
+from sparkbuild.util import host
 
 # The local profile builds and serves for this host's own platform (the shipped matrix names none):
 # tests that build or run an image, or name the local target, take it from here, so the suite runs
@@ -87,8 +88,8 @@ def quick_checks(path: Path) -> Path:
     """Rewrite the matrix at ``path`` so that each check's benchmark runs one level once, eager.
 
     For the tests whose subject is a lane, an installed tool or a report, not the speed: the README's
-    main job (tests/integration/test_nightly.py) runs the shipped checks in full, and
-    tests/integration/test_benchmark.py measures the benchmark itself."""
+    main job (tests/lanes/test_nightly.py) runs the shipped checks in full, and
+    tests/verify/test_benchmark_served.py measures the benchmark itself."""
     data = yaml.safe_load(path.read_text())
     for check in data["checks"].values():
         check.update(concurrency=[1], bench_repeats=1)

@@ -1,4 +1,4 @@
-"""What the speed gate is proven with (tests/integration/test_speed_gate.py, bench/speed_gate.py):
+"""What the speed gate is proven with (tests/verify/test_speed_gate.py, bench/speed_gate.py):
 local images made slower on purpose (tests/data/slower_vllm.py), one layer from the shipped one, the
 inputs the gate exists to catch; and a check's speed measured on an image as verify measures it."""
 
@@ -8,10 +8,11 @@ import shutil
 from pathlib import Path
 from typing import Literal
 
-from builder import checkmodel, jitcache, speed, verify
-from builder.benchmark import Benchmark
-from builder.engine import Engine
-from builder.matrix import Check
+from sparkbuild.oci import jitcache
+from sparkbuild.oci.engine import Engine
+from sparkbuild.plan.matrix import Check
+from sparkbuild.verify import checkmodel, speed, verify
+from sparkbuild.verify.benchmark import Benchmark
 from tests.support import DATA
 from tests.support.images import derived_image
 

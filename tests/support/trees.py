@@ -1,6 +1,6 @@
 """Real vLLM sdists from PyPI (sha256 from the simple index), cached in SPARKBUILD_CACHE or ~/.cache/sparkbuild.
 
-Every release's tree is the slice the patches read (``builder.patch.releases``): downloaded once,
+Every release's tree is the slice the patches read (``sparkbuild.patch.releases``): downloaded once,
 checked, and kept under ``patch-trees/``. A test that edits a tree gets its own copy; applying
 patches works on copies too, so the cache is never changed.
 """
@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from builder import patch, sources
-from builder.options import Options
-from builder.patch import releases
+from sparkbuild import patch
+from sparkbuild.config.options import Options
+from sparkbuild.patch import releases
+from sparkbuild.upstream import sources
 from tests.support import ROOT
 
 PATCHES = ROOT / "patches"

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from builder import externals, sources
-from builder.options import Options
+from sparkbuild.config.options import Options
+from sparkbuild.upstream import externals, sources
 from tests.support import ROOT, cli
 from tests.support.git import git, git_daemon
 

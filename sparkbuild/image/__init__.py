@@ -1,0 +1,1 @@
+"""Standard-library scripts copied into images and run there."""

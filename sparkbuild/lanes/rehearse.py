@@ -1,0 +1,259 @@
+"""``sparkbuild rehearse``: build a Spark target's stages here, for real, in minutes instead of hours.
+
+The Spark templates themselves are built with BuildKit: the source stage (pinned commits from a git
+remote, the real patch engine), FlashInfer (its real wheel), vLLM, and the runtime stage with its
+real requirements and image checks. What a rehearsal swaps, each listed in its report (``swapped``):
+
+- the platform: this machine's (no emulation), for the target's linux/arm64;
+- the bases: each NVIDIA image for a base made here (``rehearsal: bases:``; Debian trixie with
+  CUDA from NVIDIA's PyPI wheels: Python 3.13 and GCC 14, where the runner's Ubuntu 24.04 has 3.12
+  and 13);
+- in the templates: vLLM's kernel compile (preflight runs vLLM's own configure, audited for the
+  target GPU, and compiles the patched units; the wheel is Python-only), FlashInfer's AOT modules
+  where the target asks for them, FlashInfer's cubin download, and the binary check;
+- with ``--offline``: each source GitHub alone has, for a marked stand-in (``sparkbuild.lanes.offline``):
+  CUTLASS (the headers of FlashInfer's sdist, another version than the pinned one) and every
+  project vLLM's CMake clones;
+- the requirements ``rehearsal: relax:`` names.
+
+A target that cannot be rehearsed here (no stand-in for a base, a torch index this machine cannot
+reach) is reported as not rehearsable, with the reason, and the others go on.
+"""
+
+from __future__ import annotations
+
+import json
+import platform as host
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from sparkbuild.build import build, closure, preflight
+from sparkbuild.config.options import Options
+from sparkbuild.errors import FatalError
+from sparkbuild.lanes import offline
+from sparkbuild.oci.engine import Engine
+from sparkbuild.plan import plan
+from sparkbuild.plan.matrix import Base, Matrix, Target
+from sparkbuild.upstream import gitrepo, sources
+from sparkbuild.util import log
+
+REPOSITORY = "sparkbuild/rehearsal"
+
+
+def build_platform() -> str:
+    """The platform this machine builds natively: no emulation."""
+    return {"x86_64": "linux/amd64", "aarch64": "linux/arm64", "arm64": "linux/arm64"}.get(host.machine(), "linux/amd64")
+
+
+class NotRehearsable(Exception):
+    """What this machine lacks to rehearse a target (a stand-in base, a reachable torch index);
+    the target's row says so and the others go on (not a FatalError: it fails nothing)."""
+
+
+def rehearsal_target(target: Target, m: Matrix) -> Target:
+    """``target`` as the rehearsal builds it: this platform, bases made here, vLLM's compile swapped."""
+
+    def swap(base: Base) -> Base:
+        if base.image is None:
+            return base  # made here already
+        if base.name not in m.rehearsal.bases:
+            raise NotRehearsable(
+                f"{m.file}: rehearsal: bases: has no stand-in for '{base.name}' ({base.image}), which "
+                f"{target.id} uses; map it to a base made here, e.g. `{base.name}: trixie-cuda-13.0-devel`"
+            )
+        return m.rehearsal.bases[base.name]
+
+    return replace(
+        target,
+        platform=m.rehearsal.platform or build_platform(),
+        base=swap(target.base),
+        source_base=swap(target.source_base),
+        runtime_base=swap(target.runtime_base),
+        ptxas_base=swap(target.ptxas_base),
+        compile="rehearse",
+        relax=m.rehearsal.relax,
+        repository=REPOSITORY,
+    )
+
+
+def describe_base(base: Base) -> str:
+    """What a base is, in the words the swap list uses."""
+    if base.image is not None:
+        facts = [f"Python {base.python}" if base.python else "", f"glibc {base.glibc}" if base.glibc else ""]
+        shown = ", ".join(f for f in facts if f)
+        return base.image.split("@")[0] + (f" ({shown})" if shown else "")
+    if base.cuda_wheels is not None:
+        w = base.cuda_wheels
+        return f"{base.name}: CUDA {w.toolkit} {w.flavor} from NVIDIA's PyPI wheels on {describe_base(w.base)}"
+    if base.debootstrap is not None:
+        return f"{base.name}: Debian {base.debootstrap.suite} made with debootstrap"
+    return base.name
+
+
+def swapped(target: Target, rehearsed: Target) -> list[str]:
+    """Everything the rehearsal builds differently from the runner, one line each (sources come later)."""
+    lines = [f"platform: {target.platform} -> {rehearsed.platform} (this machine's, no emulation)"]
+    seen: set[str] = set()
+    for role in ("base", "runtime_base", "ptxas_base", "source_base"):
+        before, after = getattr(target, role), getattr(rehearsed, role)
+        if before != after and before.name not in seen:
+            seen.add(before.name)
+            lines.append(f"base {before.name}: {describe_base(before)} -> {describe_base(after)}")
+    lines.append(
+        "template vllm: the kernel compile -> preflight (vLLM's configure, the audit, the patched units "
+        "compiled) and a Python-only wheel (VLLM_TARGET_DEVICE=empty)"
+    )
+    if target.flashinfer is not None and target.flashinfer_aot:
+        lines.append("template flashinfer: the AOT modules (flashinfer-jit-cache) -> not compiled")
+    if target.flashinfer is not None:
+        lines.append("template runtime: `flashinfer download-kernels` -> not run (FlashInfer's artifact host)")
+    lines.append("build: check-binary of vLLM's extensions -> not run (none compiled)")
+    return lines
+
+
+@dataclass
+class Rehearsal:
+    target: str
+    status: str = "pending"
+    image: str | None = None
+    stages: tuple[build.StageOutcome, ...] = ()
+    closure: closure.Closure | None = None
+    preflight: preflight.Report | None = None
+    checks: dict[str, Any] = field(default_factory=dict)
+    sources: str = ""
+    relaxed: tuple[str, ...] = ()
+    swapped: list[str] = field(default_factory=list)
+    # Why this machine cannot rehearse the target (None: it can).
+    not_rehearsable: str | None = None
+    error: str | None = None
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "status": self.status,
+            "image": self.image,
+            "stages": [s.to_json() for s in self.stages],
+            "closure": self.closure.to_json() if self.closure else None,
+            "preflight": self.preflight.to_json() if self.preflight else None,
+            "checks": self.checks,
+            "sources": self.sources,
+            "relaxed": list(self.relaxed),
+            "swapped": self.swapped,
+            "not_rehearsable": self.not_rehearsable,
+            "error": self.error,
+            "seconds": round(self.seconds, 1),
+        }
+
+
+def rehearse(opts: Options, *, offline_sources: bool) -> list[Rehearsal]:
+    """Rehearse every selected Spark target; every target is tried, failures are reported per target."""
+    m = plan.load_matrix(opts)
+    targets = plan.select(tuple(t for t in m.targets if t.profile == "spark" and t.vllm.kind != "candidate"), opts.only, None)
+    results = [Rehearsal(target=t.id) for t in targets]
+    engine = Engine()
+    with ExitStack() as stack:
+        url = stack.enter_context(gitrepo.daemon(opts.cache / "offline")) if offline_sources else None
+        for target, result in zip(targets, results, strict=True):
+            with log.step(f"Rehearsing {target.id}"):
+                _one(engine, m, target, opts, url, result)
+    return results
+
+
+def _one(engine: Engine, m: Matrix, target: Target, opts: Options, url: str | None, result: Rehearsal) -> None:
+    start = time.monotonic()
+    try:
+        try:
+            rehearsed = rehearsal_target(target, m)
+            _require_torch_index(rehearsed)
+        except NotRehearsable as exc:
+            result.status, result.not_rehearsable = "not rehearsable", str(exc)
+            log.warning(f"{target.id}: not rehearsable here: {exc}")
+            return
+        result.relaxed = rehearsed.relax
+        result.swapped = swapped(target, rehearsed)
+        if url is not None:
+            found = offline.prepare(rehearsed, opts.cache)
+            result.sources = offline.describe(found)
+            result.swapped += offline.swapped(found, target)
+            log.info(result.sources)
+            rehearsed = found.apply(rehearsed)
+        # The closure of the image as the runner builds it (its platform and runtime base), with
+        # this machine's relaxed pins.
+        result.status = "closure"
+        tree = sources.vllm_sdist(target.vllm.version, opts.cache)
+        result.closure = closure.check(replace(target, relax=rehearsed.relax), tree, opts)
+        closure.log_closure(result.closure)
+        closure.require(result.closure)
+        p = plan.plan_target(rehearsed, m.patch_folders, opts)
+        if url is not None:
+            # The daemon's address: where the source stages fetch from, not part of any hash.
+            p = replace(p, source_args={**p.source_args, "SPARKBUILD_GIT_INSTEADOF": f"{url}/={offline.URL}/"})
+        result.status = "preflight"
+        result.preflight = build.run_preflight(engine, p, opts)
+        result.preflight.require()
+        result.status = "building"
+        outcome = build.build(engine, p, opts, check_first=False)
+        result.image, result.stages = outcome.image, outcome.stages
+        result.checks = _image_checks(engine, outcome.image)
+        result.status = "rehearsed"
+    except FatalError as exc:
+        result.status, result.error = f"failed ({result.status})", str(exc)
+        log.error(f"{target.id}: {exc}")
+    finally:
+        result.seconds = time.monotonic() - start
+
+
+def _require_torch_index(target: Target) -> None:
+    """A rehearsal installs torch for real: say at once when its index cannot be reached from here."""
+    args, _ = plan.torch_source(target, Options.from_env())
+    index = args.get("PIP_EXTRA_INDEX_URL")
+    if not index:
+        return
+    try:
+        requests.head(index.rstrip("/") + "/torch/", timeout=10, allow_redirects=True)
+    except requests.RequestException as exc:
+        raise NotRehearsable(
+            f"{target.id} installs torch {target.torch} from {index}, which this machine cannot reach ({type(exc).__name__}); "
+            "rehearse it where that index answers, or give the target a torch that PyPI serves (torch_index: pypi)"
+        ) from None
+
+
+def _image_checks(engine: Engine, image: str) -> dict[str, Any]:
+    """What the runtime stage's image check found (it fails the build on any problem)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        found = engine.copy_out(image, "/opt/sparkbuild/installed.json", Path(tmp))
+        data: dict[str, Any] = json.loads(found.read_text(encoding="utf-8"))
+    return data
+
+
+def table(results: list[Rehearsal]) -> str:
+    lines = []
+    for r in results:
+        lines.append(f"{r.target}: {r.status} in {log.format_seconds(r.seconds)}")
+        if r.not_rehearsable:
+            lines.append(f"  not rehearsable here: {r.not_rehearsable}")
+        if r.swapped:
+            lines.append("  SWAPPED (the runner builds these as the matrix says):")
+            lines += [f"    {line}" for line in r.swapped]
+        if r.sources:
+            lines += ["  " + line for line in r.sources.splitlines()]
+        if r.relaxed:
+            lines.append(f"  RELAXED for this machine's package index (the runner installs vLLM's pins): {', '.join(r.relaxed)}")
+        if r.stages:
+            lines.append("  stages: " + ", ".join(f"{s.name} {s.action} ({s.seconds:.0f}s)" for s in r.stages))
+        if r.closure:
+            lines += ["  " + line for line in r.closure.text().splitlines()]
+        if r.preflight:
+            lines += ["  " + line for line in r.preflight.text().splitlines()]
+        if r.checks:
+            lines.append("  image checks: " + ", ".join(f"{k} ok" for k in r.checks if k != "vllm_path"))
+        if r.error:
+            lines.append(f"  error: {r.error}")
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""The check models sparkbuild makes offline: the dense alphabet model, the quantized MoE models."""

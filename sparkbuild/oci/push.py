@@ -1,0 +1,48 @@
+"""Pushing an image from the engine to a registry: the daemon's push, made again whole when the
+daemon gives up, within the registry's push limits (``defaults.yaml`` ``registry:``).
+
+Stage images (build), cache images (build) and published images (publish) all go this way.
+"""
+
+from __future__ import annotations
+
+import time
+
+import tenacity
+
+from sparkbuild.errors import PublishError
+from sparkbuild.oci.engine import Engine, PushFailed, PushStalled
+from sparkbuild.oci.registry import Registry
+from sparkbuild.util import log
+
+
+def push_image(engine: Engine, registry: Registry, repository: str, tag: str) -> str:
+    """``engine.push`` of ``repository:tag`` (a name in ``registry``), pushed again whole when the
+    daemon gives up (it retries each layer itself first), within the push deadline."""
+    limits = registry.limits
+    deadline = time.monotonic() + limits.push_deadline_s
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(limits.push_attempts),
+        wait=tenacity.wait_random_exponential(multiplier=limits.backoff_initial_s, max=limits.backoff_max_s),
+        retry=tenacity.retry_if_exception(lambda e: isinstance(e, PushFailed) and not isinstance(e, PushStalled)),
+        before_sleep=lambda state: log.warning(
+            f"{state.outcome.exception() if state.outcome else ''}; pushing again "
+            f"(try {state.attempt_number + 1} of {limits.push_attempts})"
+        ),
+        reraise=True,
+    )
+    try:
+        for attempt in retrying:
+            with attempt:
+                return engine.push(repository, tag, stall_s=limits.push_stall_s, deadline=deadline)
+    except PushStalled as exc:
+        raise PublishError(
+            f"{exc} (push_stall_s {limits.push_stall_s:g}, push_deadline_s {limits.push_deadline_s:g}); nothing was "
+            f"tagged. The engine may keep the stalled upload open until {registry.host} drops it; check that registry "
+            "(its disk, a proxy in front of it), then rerun"
+        ) from None
+    except PushFailed as exc:
+        raise PublishError(
+            f"{exc} ({limits.push_attempts} tries); nothing was tagged; rerun when {registry.host} is healthy"
+        ) from None
+    raise AssertionError("tenacity ends with a result or an exception")

@@ -1,0 +1,475 @@
+"""Targets -> build plans: rendered Dockerfile, inputs, content-addressed and readable tags.
+
+Pure: reads the matrix, templates and patch files, and never talks to Docker or the network.
+The content hash covers every input that changes the image; where wheels are downloaded from
+does not change the image and stays out of it.
+"""
+
+from __future__ import annotations
+
+import configparser
+import fnmatch
+import hashlib
+import json
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sparkbuild import __version__, patch
+from sparkbuild.config import project
+from sparkbuild.config.options import Options, defaults, env
+from sparkbuild.errors import ConfigError
+from sparkbuild.image import cuda_layout, serve_defaults, vllm_setup
+from sparkbuild.patch import bundle as patch_bundle
+from sparkbuild.patch import pullrequest
+from sparkbuild.plan import base_recipe, lock, matrix, render, toolchain
+from sparkbuild.plan.matrix import Target
+from sparkbuild.upstream import externals
+from sparkbuild.util import fsutil
+
+# Bump when the meaning of the inputs changes, so every tag moves once.
+PLAN_FORMAT = 1
+STEPS = ("base", "build", "verify", "publish")
+
+
+STAGE_REPOSITORY = "sparkbuild/stages"
+# The first CUDA major whose PyPI wheels carry nvcc (the runtime's JIT compiler comes from PyPI from it on).
+JIT_WHEELS_FROM = 13
+# sparkbuild modules a stage runs as scripts inside the image.
+# Standalone scripts of sparkbuild's that run in the image (standard library only), by context name.
+IMAGE_SCRIPTS = {"cuda_layout.py": cuda_layout, "serve_defaults.py": serve_defaults, "vllm_setup.py": vllm_setup}
+
+
+@dataclass(frozen=True, kw_only=True)
+class StagePlan:
+    """One stage image: content-addressed, so equal inputs give one image shared by targets."""
+
+    rendered: render.Rendered
+    content_hash: str
+    ref: str
+    final: bool
+
+    @property
+    def name(self) -> str:
+        return self.rendered.name
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "ref": self.ref, "needs": list(self.rendered.needs), "content_hash": self.content_hash}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TargetPlan:
+    target: Target
+    base_ref: str
+    stages: tuple[StagePlan, ...]
+    inputs: dict[str, Any]
+    content_hash: str
+    content_tag: str
+    tags: tuple[str, ...]
+    labels: dict[str, str]
+    jobs: toolchain.Jobs | None = None
+    # Where pip finds wheels for this build: build args plus an optional local wheel to mount.
+    source_args: dict[str, str] = field(default_factory=dict)
+    wheel_files: tuple[Path, ...] = ()
+    steps: tuple[str, ...] = STEPS
+    # Where the stage templates and each patch were found (printed by plan; never part of a hash,
+    # so a team's copy of a packaged file builds the same image).
+    templates: project.Found | None = None
+    patch_sources: dict[str, project.Found] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return self.target.id
+
+    @property
+    def repository(self) -> str:
+        return self.target.repository
+
+    @property
+    def unresolved(self) -> tuple[str, ...]:
+        """Git components not pinned to a commit: building them is refused."""
+        return unresolved(self.target)
+
+    def build_args(self) -> dict[str, str]:
+        """Build arguments: they change how fast or from where, never what is built."""
+        jobs = self.jobs.build_args() if self.jobs else {}
+        ccache = {"CCACHE_MAXSIZE": f"{self.target.ccache_gb}G"} if self.target.profile == "spark" else {}
+        return {**dict(self.target.build_args), **self.source_args, **jobs, **ccache}
+
+    def manifest(self) -> dict[str, Any]:
+        """The build manifest written into the image: every input, and the tag it gave."""
+        return {
+            "sparkbuild": __version__,
+            "target": self.id,
+            "repository": self.repository,
+            "content_tag": self.content_tag,
+            "content_hash": self.content_hash,
+            "inputs": self.inputs,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "profile": self.target.profile,
+            "platform": self.target.platform,
+            "vllm": {
+                "kind": self.target.vllm.kind,
+                "spec": self.target.vllm.spec,
+                "version": self.target.vllm.version,
+                "commit": self.target.vllm.commit,
+            },
+            "repository": self.repository,
+            "content_tag": self.content_tag,
+            "tags": list(self.tags),
+            "content_hash": self.content_hash,
+            "base": self.base_ref,
+            "stages": [s.to_json() for s in self.stages],
+            "build_jobs": None
+            if self.jobs is None
+            else {"max_jobs": self.jobs.max_jobs, "nvcc_threads": self.jobs.nvcc_threads, "compiles": self.jobs.compiles},
+            "unresolved": list(self.unresolved),
+            "steps": list(self.steps),
+            "checks": [c.name for c in self.target.checks],
+            "inputs": self.inputs,
+            "labels": self.labels,
+            "sources": self.source_args,
+            "found": {
+                "templates": None if self.templates is None else self.templates.to_json(),
+                "patches": {name: found.to_json() for name, found in self.patch_sources.items()},
+            },
+        }
+
+
+def unresolved(target: Target) -> tuple[str, ...]:
+    """What is not pinned yet: git refs without a commit, images without a digest."""
+    images = tuple(
+        f"base {b.name} ({b.image})" for b in dict.fromkeys(bases(target).values()) if b.image is not None and "@" not in b.image
+    )
+    if target.profile != "spark":
+        return images
+    if target.vllm.kind == "candidate":
+        return ("vllm release candidate (only `sparkbuild rc` picks it)", *images)
+    sources = {"vllm": target.vllm.git(), "flashinfer": target.flashinfer, "triton": target.triton, "cutlass": target.cutlass}
+    refs = tuple(f"{name} {src.ref}" for name, src in sources.items() if src is not None and src.commit is None)
+    if target.vllm.commit is not None and target.externals is None:
+        refs += ("vllm's external projects (resolve reads them from its CMake files)",)
+    refs += tuple(f"{e.name} {e.ref}" for e in target.externals or () if e.commit is None)
+    return refs + images
+
+
+def select(targets: tuple[Target, ...], only: tuple[str, ...], profile: str | None) -> tuple[Target, ...]:
+    chosen = tuple(
+        t
+        for t in targets
+        if (profile is None or t.profile == profile) and (not only or any(fnmatch.fnmatch(t.id, g) for g in only))
+    )
+    if not chosen:
+        ids = ", ".join(t.id for t in targets)
+        raise ConfigError(f"no target matches --only {' '.join(only) or '*'} --profile {profile or 'any'}; targets: {ids}")
+    return chosen
+
+
+def load_matrix(opts: Options) -> matrix.Matrix:
+    """The matrix with the lock's pins: ``--lock``, else ``<matrix>.lock.json`` when it exists."""
+    path = opts.lock or lock.default_path(opts.matrix)
+    if opts.lock is not None and not path.is_file():
+        raise ConfigError(f"lock file {path} does not exist; `sparkbuild resolve --lock {path}` writes it")
+    return matrix.load(opts.matrix, lock.read(path) if path.is_file() else None)
+
+
+def make(opts: Options, lane: str = "nightly") -> tuple[TargetPlan, ...]:
+    """Load the matrix and plan every selected target of ``lane``."""
+    return plan_lane(load_matrix(opts), opts, lane)
+
+
+def plan_lane(m: matrix.Matrix, opts: Options, lane: str = "nightly") -> tuple[TargetPlan, ...]:
+    """Plan every selected target of ``lane`` in a loaded matrix."""
+    plans = tuple(plan_target(t, m.patch_folders, opts) for t in lane_targets(m, opts, lane))
+    _check_tag_clash(plans)
+    return plans
+
+
+def lane_targets(m: matrix.Matrix, opts: Options, lane: str) -> tuple[Target, ...]:
+    """The targets of ``lane`` that ``--only`` and ``--profile`` select."""
+    in_lane = tuple(t for t in m.targets if t.lane == lane)
+    if not in_lane:
+        raise ConfigError(f"{opts.matrix}: no target has lane: {lane}; add one (see docs/lanes.md)")
+    return select(in_lane, opts.only, opts.profile)
+
+
+def lane_ids(opts: Options, lane: str) -> tuple[str, ...]:
+    """The ids of the targets of ``lane`` that ``--only`` and ``--profile`` select: one job each in a
+    fanned-out workflow, each job selecting its own with ``--only ID``.
+
+    The nightly's are planned in full here, so what only a plan of them all finds (two targets
+    claiming one tag) stops the run once, before a job per target. An rc target is planned only
+    once ``sparkbuild rc`` has found the candidate it is built from.
+    """
+    if lane == "nightly":
+        return tuple(p.id for p in make(opts, lane))
+    return tuple(t.id for t in lane_targets(load_matrix(opts), opts, lane))
+
+
+def plan_target(target: Target, patch_folders: Mapping[str, Path], opts: Options) -> TargetPlan:
+    base_ref, base_identity = base_recipe.reference(target.base, target.platform)
+    patches = {name: patch.digest(patch_folders[name]) for name in target.patches}
+    templates = project.profile_folder(opts, target.profile)
+    stages = plan_stages(target, patch_folders, opts, templates.path)
+    inputs: dict[str, Any] = {
+        "format": PLAN_FORMAT,
+        "id": target.id,
+        "profile": target.profile,
+        "platform": target.platform,
+        "vllm": {"kind": target.vllm.kind, "spec": target.vllm.spec, "repo": target.vllm.repo, "commit": target.vllm.commit},
+        "candidate": _git_input(target.candidate),
+        "triton": _git_input(target.triton),
+        "flashinfer": _git_input(target.flashinfer),
+        "cutlass": _git_input(target.cutlass),
+        "cuda": target.cuda,
+        "torch": target.torch,
+        "arch_list": target.arch_list,
+        "base": base_identity,
+        "patches": patches,
+        "stages": {s.name: s.content_hash for s in stages},
+        "serve": list(target.serve.command()),
+        "build_args": dict(target.build_args),
+        "externals": None if target.externals is None else [e.to_json() for e in target.externals],
+        "compile": target.compile,
+        "relax": list(target.relax),
+        "runtime_extras": list(target.runtime_extras),
+    }
+    content_hash = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+    content_tag = f"{target.id}-{content_hash[:12]}"
+    final = stages[-1]
+    stages = (
+        *stages[:-1],
+        StagePlan(rendered=final.rendered, content_hash=content_hash, ref=f"{target.repository}:{content_tag}", final=True),
+    )
+    fields = {"vllm_version": target.version, "date": opts.date, "id": target.id}
+    source_args, wheels = torch_source(target, opts)
+    return TargetPlan(
+        target=target,
+        base_ref=base_ref,
+        stages=stages,
+        inputs=inputs,
+        content_hash=content_hash,
+        content_tag=content_tag,
+        tags=tuple(matrix.readable_tag(t, fields, target) for t in target.tags),
+        labels=labels(target, base_identity, patches, content_hash),
+        jobs=toolchain.build_jobs(opts.build_memory, opts.build_cores, target.arch_list, target.build_jobs)
+        if target.profile == "spark"
+        else None,
+        source_args=source_args,
+        wheel_files=wheels,
+        templates=templates,
+        patch_sources={name: project.patch_found(patch_folders[name]) for name in target.patches},
+    )
+
+
+def _git_input(source: matrix.GitSource | None) -> dict[str, Any] | None:
+    return None if source is None else {"repo": source.repo, "ref": source.ref, "commit": source.commit}
+
+
+def template_variables(target: Target) -> dict[str, Any]:
+    """What the stage templates see. Everything here is an input of the stage that uses it."""
+    refs = {name: base_recipe.reference(b, target.platform)[0] for name, b in bases(target).items()}
+    spark: dict[str, Any] = defaults()["spark_runtime"]
+    return {
+        "target": target,
+        "base_image": refs["base"],
+        "source_base_image": refs["source_base"],
+        "runtime_base_image": refs["runtime_base"],
+        "ptxas_image": refs["ptxas_base"],
+        "torch": target.torch,
+        "vllm_wheel": target.vllm.spec,
+        "vllm_version": target.vllm.version,
+        "vllm_git": target.vllm.git() if target.profile == "spark" else None,
+        "flashinfer_arch_list": toolchain.flashinfer_arch_list(target.flashinfer.version, target.arch_list)
+        if target.flashinfer
+        else None,
+        "serve_command": target.serve.command(),
+        "patches": target.patches,
+        "unresolved": "unresolved",
+        "externals": target.externals or (),
+        "external_env": externals.handoff(target.externals or ())[0],
+        "external_cmake_args": externals.handoff(target.externals or ())[1],
+        "compile": target.compile,
+        "jit_components": ",".join(spark["jit_components"]),
+        # NVIDIA's PyPI wheels carry nvcc from CUDA 13 on (CUDA 12's have ptxas and NVVM only).
+        "jit_from_wheels": target.cuda is not None and int(target.cuda.split(".")[0]) >= JIT_WHEELS_FROM,
+        "gpu_arch": target.gpu.replace(".", "") + "a",
+        "jit_home": "/opt/sparkbuild/cuda"
+        if target.cuda and int(target.cuda.split(".")[0]) >= JIT_WHEELS_FROM
+        else "/usr/local/cuda",
+        "cuda_dash": (target.cuda or "").replace(".", "-"),
+    }
+
+
+def bases(target: Target) -> dict[str, matrix.Base]:
+    """Every base image a target's stages use, by role."""
+    return {
+        "base": target.base,
+        "source_base": target.source_base,
+        "runtime_base": target.runtime_base,
+        "ptxas_base": target.ptxas_base,
+    }
+
+
+def plan_stages(target: Target, patch_folders: Mapping[str, Path], opts: Options, templates: Path) -> tuple[StagePlan, ...]:
+    # Each stage's hash is needed while rendering (later stages name it) and in its plan: once each.
+    hashes: dict[str, str] = {}
+
+    def ref_of(stage: render.Rendered) -> str:
+        hashes[stage.name] = stage_hash(target, stage)
+        return f"{STAGE_REPOSITORY}:{stage.name}-{hashes[stage.name][:16]}"
+
+    rendered = render.render(
+        templates,
+        target.profile,
+        template_variables(target),
+        stage_ref=ref_of,
+        resources=resources(target, patch_folders),
+    )
+    return tuple(
+        StagePlan(rendered=r, content_hash=hashes[r.name], ref=f"{STAGE_REPOSITORY}:{r.name}-{hashes[r.name][:16]}", final=False)
+        for r in rendered
+    )
+
+
+def stage_hash(target: Target, stage: render.Rendered) -> str:
+    """A stage's identity: its Dockerfile (which names every input and earlier stage) and files."""
+    key = {"format": PLAN_FORMAT, "profile": target.profile, "platform": target.platform, "stage": stage.name}
+    return hashlib.sha256(json.dumps({**key, "digest": stage.digest()}, sort_keys=True).encode()).hexdigest()
+
+
+def resources(target: Target, patch_folders: Mapping[str, Path]) -> dict[str, render.Files]:
+    """Context files a stage can ask for with ``file()`` beyond its profile folder."""
+    patch_files: list[tuple[str, bytes]] = []
+    for name in target.patches:
+        folder = patch_folders[name]
+        patch_files += [(f"patches/{name}/{f.relative_to(folder)}", f.read_bytes()) for f in fsutil.files(folder)]
+        spec = patch.load_one(folder).pr
+        if spec is not None:
+            # An upstream PR: its fetched files (by sha256, so the stage hash holds still) go with it,
+            # and the source stage merges them without fetching.
+            patch_files += [(f"patches/{name}/{rel}", data) for rel, data in pullrequest.materialized(folder, spec)]
+    # The patch engine as a source stage runs it: the modules sparkbuild.patch.bundle derives.
+    engine = [(f"sparkbuild/{path}", data) for path, data in patch_bundle.files()]
+    # Standalone scripts of sparkbuild's that run in the image (standard library only).
+    scripts = {name: ((name, Path(str(module.__file__)).read_bytes()),) for name, module in IMAGE_SCRIPTS.items()}
+    serve = json.dumps(target.serve.defaults_json()).encode()
+    return {
+        "patches": tuple(patch_files),
+        "sparkbuild": tuple(engine),
+        "serve-defaults.json": (("serve-defaults.json", serve),),
+        **scripts,
+    }
+
+
+def labels(target: Target, base_identity: str, patches: dict[str, str], content_hash: str) -> dict[str, str]:
+    oci = "org.opencontainers.image"
+    candidate = (
+        {} if target.candidate is None else {"io.sparkbuild.candidate": f"{target.candidate.ref}@{target.candidate.commit}"}
+    )
+    return candidate | {
+        f"{oci}.title": f"vLLM {target.version} ({target.id})",
+        f"{oci}.description": "vLLM built, patched and verified by sparkbuild",
+        f"{oci}.version": target.version,
+        f"{oci}.revision": target.vllm.spec if target.vllm.kind == "wheel" else (target.vllm.commit or "unresolved"),
+        f"{oci}.source": target.vllm.repo or "https://github.com/vllm-project/vllm",
+        # The image is built FROM the runtime base; the compile ran on the build base.
+        f"{oci}.base.name": base_name(target.runtime_base, target.platform),
+        "io.sparkbuild.build-base": base_name(target.base, target.platform),
+        "io.sparkbuild.target": target.id,
+        "io.sparkbuild.content-hash": content_hash,
+        "io.sparkbuild.vllm.version": target.vllm.version,
+        "io.sparkbuild.vllm.source": f"{target.vllm.kind}:{target.vllm.spec}",
+        "io.sparkbuild.vllm.commit": "none (PyPI wheel)" if target.vllm.kind == "wheel" else (target.vllm.commit or "unresolved"),
+        "io.sparkbuild.serve": shlex.join(target.serve.command()),
+        "io.sparkbuild.patches": ",".join(target.patches),
+        "io.sparkbuild.patch-hashes": ",".join(f"{n}={h[:16]}" for n, h in patches.items()),
+        "io.sparkbuild.cuda": target.cuda or "none",
+        "io.sparkbuild.torch": target.torch,
+        "io.sparkbuild.arch-list": target.arch_list,
+        "io.sparkbuild.gpu": target.gpu,
+        "io.sparkbuild.base": base_identity,
+        # The checks verify runs, in order.
+        "io.sparkbuild.checks": ",".join(c.name for c in target.checks),
+    }
+
+
+def base_name(base: matrix.Base, platform: str) -> str:
+    """A base as a label shows it: the pinned image, or the made image's content-addressed name."""
+    return base.image or base_recipe.reference(base, platform)[0]
+
+
+def _check_tag_clash(plans: tuple[TargetPlan, ...]) -> None:
+    owner: dict[tuple[str, str], str] = {}
+    for p in plans:
+        for tag in p.tags:
+            key = (p.repository, tag)
+            if key in owner:
+                raise ConfigError(
+                    f"{p.target.where}: readable tag {p.repository}:{tag} is claimed by {owner[key]} and {p.id}; "
+                    "give one of them its own 'repository:' or 'tags:'"
+                )
+            owner[key] = p.id
+
+
+# --- where pip finds torch -------------------------------------------------------------------
+
+
+def torch_source(target: Target, opts: Options) -> tuple[dict[str, str], tuple[Path, ...]]:
+    """Build args and local wheels that let pip find ``torch==<target.torch>``.
+
+    ``torch_index`` is a folder of wheels, an index URL, or ``auto``: the folders in this host's pip
+    configuration (``find-links``) when one holds the wheel, else the configured PyTorch CPU index.
+    """
+    choice = target.torch_index
+    if choice == "pypi":
+        return {}, ()  # pip's default index: PyPI (where the aarch64 torch >= 2.11 is a CUDA build)
+    if target.profile == "spark":
+        if choice == "auto":
+            assert target.cuda is not None
+            choice = f"https://download.pytorch.org/whl/cu{target.cuda.replace('.', '')}"
+        return {"PIP_EXTRA_INDEX_URL": choice}, ()
+    folders = _pip_find_links() if choice == "auto" else ([Path(choice)] if "://" not in choice else [])
+    for folder in folders:
+        wheel = _find_wheel(folder, target.torch, target.platform)
+        if wheel is not None:
+            return {"PIP_FIND_LINKS": "/wheels"}, (wheel,)
+    if choice == "auto":
+        return {"PIP_EXTRA_INDEX_URL": opts.torch_cpu_index}, ()
+    if "://" in choice:
+        return {"PIP_EXTRA_INDEX_URL": choice}, ()
+    raise ConfigError(f"{target.where}: torch_index '{choice}' holds no torch {target.torch} wheel for {target.platform}")
+
+
+def _find_wheel(folder: Path, version: str, platform: str) -> Path | None:
+    machine = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}[platform]
+    if not folder.is_dir():
+        return None
+    found = sorted(folder.glob(f"torch-{version}-*{machine}.whl"))
+    return found[0] if found else None
+
+
+def _pip_find_links() -> list[Path]:
+    """``find-links`` folders from PIP_FIND_LINKS and pip's configuration files."""
+    values = env("PIP_FIND_LINKS", "").split()
+    files = [
+        env("PIP_CONFIG_FILE", ""),
+        "/etc/pip.conf",
+        "/etc/xdg/pip/pip.conf",
+        str(Path.home() / ".config/pip/pip.conf"),
+        str(Path.home() / ".pip/pip.conf"),
+    ]
+    for name in files:
+        if not name or not Path(name).is_file():
+            continue
+        parser = configparser.ConfigParser()
+        parser.read(name)
+        for section in ("global", "install"):
+            values.extend(parser.get(section, "find-links", fallback="").split())
+    return [Path(v.removeprefix("file://")) for v in values if "://" not in v or v.startswith("file://")]

@@ -1,0 +1,100 @@
+"""Pure decisions about the CUDA compile: parallelism sized to memory, FlashInfer's arch list.
+
+No I/O: the plan passes in what it read from the host, so every rule is testable as a function.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from packaging.version import InvalidVersion, Version
+
+from sparkbuild.errors import ConfigError
+from sparkbuild.plan.matrix import BuildJobs
+
+GIB = 1024**3
+# Peak resident memory of one nvcc process compiling one gencode target of vLLM's heaviest units
+# (CUTLASS grouped GEMMs, FlashAttention), with headroom (docs/spark.md, build jobs).
+GB_PER_NVCC_THREAD = 5
+# Memory left to the OS, the engine and the linker.
+RESERVED_GB = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class Jobs:
+    """What the plan gives vLLM's build: ``MAX_JOBS`` and ``NVCC_THREADS`` as vLLM's setup.py reads
+    them (it runs ``MAX_JOBS // NVCC_THREADS`` compiles at once, each with ``NVCC_THREADS`` threads)."""
+
+    max_jobs: int
+    nvcc_threads: int
+    compiles: int
+    why: str
+
+    def build_args(self) -> dict[str, str]:
+        return {"MAX_JOBS": str(self.max_jobs), "NVCC_THREADS": str(self.nvcc_threads)}
+
+    def text(self) -> str:
+        return f"MAX_JOBS={self.max_jobs} NVCC_THREADS={self.nvcc_threads}: {self.compiles} parallel compiles ({self.why})"
+
+
+def arch_count(arch_list: str) -> int:
+    return len([a for a in re.split(r"[;\s,]+", arch_list.strip()) if a])
+
+
+def build_jobs(free_memory: int, cores: int, arch_list: str = "12.1a", override: BuildJobs | None = None) -> Jobs:
+    """Parallel compiles sized to memory and cores, in vLLM's own terms.
+
+    nvcc's ``--threads`` compiles a unit's gencode targets in parallel, so a single-arch list gains
+    nothing from it: one thread per compile, and every core a compile of its own. Each nvcc thread
+    is given ``GB_PER_NVCC_THREAD`` of free memory. vLLM divides ``MAX_JOBS`` by ``NVCC_THREADS``,
+    so ``MAX_JOBS`` is compiles x threads. The matrix may set either value (``build_jobs:``); vLLM's
+    division then applies to what it set.
+    """
+    override = override or BuildJobs()
+    threads = override.nvcc_threads or min(arch_count(arch_list), 4)
+    slots = max(1, (free_memory // GIB - RESERVED_GB) // GB_PER_NVCC_THREAD)
+    if override.max_jobs:
+        max_jobs = override.max_jobs
+        compiles = max(1, max_jobs // threads)
+    else:
+        compiles = max(1, min(cores // threads, slots // threads))
+        max_jobs = compiles * threads
+    why = f"{free_memory / GIB:.0f} GiB free, {cores} cores, {GB_PER_NVCC_THREAD} GB per nvcc thread"
+    why += f", {arch_count(arch_list)} arch(s)"
+    if override.max_jobs or override.nvcc_threads:
+        why += "; set in the matrix (build_jobs)"
+    return Jobs(max_jobs=max_jobs, nvcc_threads=threads, compiles=compiles, why=why)
+
+
+FIRST_FLASHINFER = Version("0.5.3")
+
+
+def flashinfer_arch_list(flashinfer_version: str, arch_list: str) -> str:
+    """``FLASHINFER_CUDA_ARCH_LIST`` for a FlashInfer version and the target's arch list.
+
+    FlashInfer 0.5.3-0.6.6 use each entry verbatim; 0.6.7 turns a plain ``12.x`` into ``12.0f``
+    and 0.6.8+ a plain ``12.1`` into ``12.1a``; every version keeps an entry that has a suffix.
+    So each SM12x entry is given its arch-specific suffix: the FP4 kernels need it, and the
+    result is the same on every version. Entries are separated by spaces.
+    """
+    try:
+        version = Version(flashinfer_version)
+    except InvalidVersion:
+        raise ConfigError(
+            f"FlashInfer ref '{flashinfer_version}' is not a release tag; sparkbuild picks the arch list "
+            "per FlashInfer version, so build FlashInfer from a tag like v0.6.6"
+        ) from None
+    if version < FIRST_FLASHINFER:
+        raise ConfigError(
+            f"FlashInfer {version} predates FLASHINFER_CUDA_ARCH_LIST support for SM12x (first: {FIRST_FLASHINFER}); "
+            "set 'flashinfer: null' to use vLLM's pinned wheel"
+        )
+    out = []
+    for entry in re.split(r"[;\s,]+", arch_list.strip()):
+        if not entry:
+            continue
+        if re.fullmatch(r"12\.\d", entry):
+            entry += "a"
+        out.append(entry)
+    return " ".join(dict.fromkeys(out))

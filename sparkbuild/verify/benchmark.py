@@ -1,0 +1,400 @@
+"""Speed, measured with vLLM's own benchmark (``vllm bench serve``): what to run and what it said.
+
+Pure: builds the argument lists, reads the result files vLLM saves, and checks the figures for
+consistency. Running them is ``sparkbuild.verify.verify``'s (the benchmark runs from the image under test,
+so it is the same vLLM as the server).
+
+Three scenarios per concurrency level, the three numbers a Spark user judges an image by:
+
+- decode: prompt 2048 / output 128 tokens at ``--max-concurrency c``; tok/s is the figure;
+- prefill: a long prompt and a short output; TTFT is the figure;
+- queueing: a burst of ``QUEUE_FACTOR * c`` requests at once (``--request-rate inf``, no client-side
+  cap): the server admits what it can and queues the rest; TTFT p99 is the figure.
+
+A model whose context window is shorter than a scenario has its lengths scaled down (``shape``).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from sparkbuild.errors import VerifyError
+
+Scenario = Literal["decode", "prefill", "queueing"]
+SCENARIOS: tuple[Scenario, ...] = ("decode", "prefill", "queueing")
+
+# The shape each scenario asks for when the context window allows it (input, output tokens).
+# decode: the shape of the from-source Spark comparison (seeds/004); prefill: a long prompt.
+FULL_SHAPES: dict[Scenario, tuple[int, int]] = {"decode": (2048, 128), "prefill": (4096, 8), "queueing": (512, 32)}
+# Scaled down, an output keeps at least this many tokens: fewer make TPOT a figure of 2 or 3 gaps.
+MIN_OUTPUT = {"decode": 16, "prefill": 4, "queueing": 8}
+# vLLM's random dataset decodes random token ids and encodes them again; the count can grow by a
+# few tokens. An eighth of the window (at least 4 tokens) is left free so no request is refused.
+TOKENIZER_SLACK = 8
+QUEUE_FACTOR = 4
+# Requests per concurrency slot in the decode and prefill runs (more average out a slow first one),
+# and at least MIN_REQUESTS: a figure is a median over a run's requests, and the median of 2 is their
+# mean, which one request slowed by a busy machine moves by half (the check models here answer a
+# request in tens of ms, so 16 cost about a second).
+ROUNDS = 2
+MIN_REQUESTS = 16
+WARMUPS = 2
+SEED = 14
+PERCENTILES = (50, 99)
+
+# Nothing measured may be faster than this. One stream's token takes a vLLM engine step
+# (schedule, forward, sample, detokenize, one server-sent event): above 0.1 ms on any hardware
+# sparkbuild targets, so above 10,000 tok/s per stream is a measuring error (the hand-made
+# benchmark this replaces printed 82,375 tok/s for a model that decodes a few hundred).
+MIN_STEP_MS = 0.1
+MAX_STREAM_TOKENS_PER_S = 1000 / MIN_STEP_MS
+# Streams at their own decode rate bound the aggregate; TPOT is a median, so some streams are
+# faster than it: this much above c x (1000 / TPOT p50) is still consistent.
+AGGREGATE_SLACK = 1.25
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shape:
+    input_len: int
+    output_len: int
+
+
+def shape(scenario: Scenario, window: int) -> Shape:
+    """The scenario's input and output lengths within a context window of ``window`` tokens.
+
+    The full shape where it fits. Else both are scaled by the same factor to fit in the window less
+    the tokenizer slack, the output kept at its minimum and the prompt given the rest, so the
+    prompt still dominates (decode: 2048/128 becomes 96/16 in a 128-token window).
+    """
+    full_in, full_out = FULL_SHAPES[scenario]
+    usable = window - max(4, window // TOKENIZER_SLACK)
+    if full_in + full_out <= usable:
+        return Shape(input_len=full_in, output_len=full_out)
+    output = max(MIN_OUTPUT[scenario], full_out * usable // (full_in + full_out))
+    if usable - output < 1:
+        raise VerifyError(
+            f"a context window of {window} tokens leaves no room for a {scenario} benchmark "
+            f"({output} output tokens); serve the check model with a longer --max-model-len"
+        )
+    return Shape(input_len=usable - output, output_len=output)
+
+
+def context_window(model_config: dict[str, Any], serve_args: Sequence[str]) -> int:
+    """The served context: ``max_position_embeddings`` of the model's config.json, or the serve
+    arguments' ``--max-model-len`` where that is shorter."""
+    window = model_config.get("max_position_embeddings")
+    if not isinstance(window, int) or window < 1:
+        raise VerifyError(
+            "the check model's config.json has no max_position_embeddings; the benchmark needs the "
+            "context window to size its prompts (remake the model: sparkbuild model NAME)"
+        )
+    args = list(serve_args)
+    for i, arg in enumerate(args):
+        value = args[i + 1] if arg == "--max-model-len" and i + 1 < len(args) else None
+        if arg.startswith("--max-model-len="):
+            value = arg.split("=", 1)[1]
+        if value is not None and value.isdigit():
+            window = min(window, int(value))
+    return window
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    """One ``vllm bench serve`` invocation: a scenario at a concurrency level, one repeat."""
+
+    scenario: Scenario
+    concurrency: int
+    repeat: int
+    shape: Shape
+
+    @property
+    def name(self) -> str:
+        return f"{self.scenario}-c{self.concurrency}-r{self.repeat}"
+
+    @property
+    def num_prompts(self) -> int:
+        if self.scenario == "queueing":  # one burst: its size is what the level measures
+            return self.concurrency * QUEUE_FACTOR
+        return max(MIN_REQUESTS, self.concurrency * ROUNDS)
+
+    @property
+    def in_flight(self) -> int:
+        """The most requests the client has open at once: the level, or every request of the
+        queueing burst (no client-side cap)."""
+        return self.num_prompts if self.scenario == "queueing" else self.concurrency
+
+
+def runs(concurrency: Sequence[int], window: int, repeats: int) -> list[Run]:
+    """Every run of a check: each repeat of each scenario at each level, repeats outermost so a
+    slow spell of the machine spreads over the levels instead of skewing one."""
+    shapes = {s: shape(s, window) for s in SCENARIOS}
+    return [
+        Run(scenario=s, concurrency=c, repeat=r, shape=shapes[s]) for r in range(repeats) for c in concurrency for s in SCENARIOS
+    ]
+
+
+def arguments(run: Run, *, url: str, model: str, tokenizer: str, result_dir: str) -> list[str]:
+    """The ``vllm bench serve`` arguments of ``run`` (after ``vllm``), against the server at ``url``."""
+    args = [
+        "bench",
+        "serve",
+        "--backend",
+        "vllm",
+        "--base-url",
+        url,
+        "--model",
+        model,
+        "--tokenizer",
+        tokenizer,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(run.shape.input_len),
+        "--random-output-len",
+        str(run.shape.output_len),
+        # Every prompt the same length: the figures of two nights compare like with like.
+        "--random-range-ratio",
+        "0",
+        # Every request generates its full output even where the model would stop.
+        "--ignore-eos",
+        "--num-prompts",
+        str(run.num_prompts),
+        "--request-rate",
+        "inf",
+        "--seed",
+        str(SEED + run.repeat),
+        "--num-warmups",
+        str(WARMUPS),
+        "--percentile-metrics",
+        "ttft,tpot,itl",
+        "--metric-percentiles",
+        ",".join(map(str, PERCENTILES)),
+        "--save-result",
+        "--result-dir",
+        result_dir,
+        "--result-filename",
+        f"{run.name}.json",
+        "--disable-tqdm",
+    ]
+    if run.scenario != "queueing":  # queueing: no client-side cap, the server's queue is what is measured
+        args += ["--max-concurrency", str(run.concurrency)]
+    return args
+
+
+# --- what vLLM saved -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Figures:
+    """One scenario at one level, as vLLM's saved result gives it (times in ms)."""
+
+    ttft_ms_p50: float
+    ttft_ms_p99: float
+    tpot_ms_p50: float
+    tpot_ms_p99: float
+    itl_ms_p50: float
+    itl_ms_p99: float
+    # Output tokens/s of one request while it decodes: 1000 / TPOT p50 (vLLM's TPOT, in other units).
+    # None where the stream shows no decode: ITL p50 below one engine step means the tokens reached
+    # the client in bursts (the API server fell behind the engine and merged them: a small model on
+    # a few CPU cores), so TPOT times the bursts, not the decode.
+    tokens_per_s_per_request: float | None
+    # vLLM's output_throughput: every output token over the run's duration.
+    tokens_per_s: float
+    requests: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# The result keys each figure is read from (vLLM's benchmarks/serve.py names them).
+KEYS = {
+    "ttft_ms_p50": "p50_ttft_ms",
+    "ttft_ms_p99": "p99_ttft_ms",
+    "tpot_ms_p50": "p50_tpot_ms",
+    "tpot_ms_p99": "p99_tpot_ms",
+    "itl_ms_p50": "p50_itl_ms",
+    "itl_ms_p99": "p99_itl_ms",
+    "tokens_per_s": "output_throughput",
+}
+
+
+def parse(data: Any, where: str) -> Figures:
+    """The figures of one saved result; a VerifyError naming what is missing or failed."""
+    if not isinstance(data, dict):
+        raise VerifyError(f"{where}: not a vllm bench serve result (a JSON object)")
+    missing = [key for key in (*KEYS.values(), "completed", "failed") if not isinstance(data.get(key), int | float)]
+    if missing:
+        raise VerifyError(
+            f"{where}: no {', '.join(missing)} in vllm bench serve's result; this vLLM saves other fields "
+            "(sparkbuild/verify/benchmark.py KEYS names the ones read)"
+        )
+    if data["failed"] or not data["completed"]:
+        errors = [e for e in data.get("errors") or () if e][:3]
+        raise VerifyError(f"{where}: {data['failed']} request(s) failed, {data['completed']} completed: {errors}")
+    values = {field: round(float(data[key]), 4) for field, key in KEYS.items()}
+    tpot, bursts = values["tpot_ms_p50"], values["itl_ms_p50"] < MIN_STEP_MS
+    per_request = None if bursts or tpot <= 0 else round(1000.0 / tpot, 3)
+    return Figures(**values, tokens_per_s_per_request=per_request, requests=int(data["completed"]))
+
+
+def read(path: Path) -> Figures:
+    try:
+        return parse(json.loads(path.read_text()), str(path))
+    except (OSError, ValueError) as exc:
+        raise VerifyError(f"{path}: vllm bench serve left no readable result ({exc})") from None
+
+
+# --- checks on the figures ---------------------------------------------------------------------
+
+
+def inconsistencies(figures: Figures, concurrency: int) -> list[str]:
+    """What is impossible about these figures (empty when they are consistent)."""
+    f = figures
+    found = [
+        f"{name} p99 {p99} < p50 {p50}"
+        for name, p50, p99 in (
+            ("TTFT", f.ttft_ms_p50, f.ttft_ms_p99),
+            ("TPOT", f.tpot_ms_p50, f.tpot_ms_p99),
+            ("ITL", f.itl_ms_p50, f.itl_ms_p99),
+        )
+        if p99 < p50
+    ]
+    if f.ttft_ms_p50 <= 0 or f.tokens_per_s <= 0:
+        found.append(f"TTFT p50 {f.ttft_ms_p50} ms and {f.tokens_per_s} tok/s: a run that measured nothing")
+    if f.tokens_per_s > concurrency * MAX_STREAM_TOKENS_PER_S:
+        found.append(f"{f.tokens_per_s} tok/s in aggregate is above {concurrency} x the bound {MAX_STREAM_TOKENS_PER_S:g}")
+    per_request = f.tokens_per_s_per_request
+    if per_request is not None and per_request > MAX_STREAM_TOKENS_PER_S:
+        found.append(f"{per_request} tok/s per request is above the bound {MAX_STREAM_TOKENS_PER_S:g}")
+    if per_request is not None and f.tokens_per_s > concurrency * per_request * AGGREGATE_SLACK:
+        found.append(
+            f"{f.tokens_per_s} tok/s in aggregate is more than {concurrency} stream(s) at "
+            f"{per_request} tok/s each can make (x{AGGREGATE_SLACK})"
+        )
+    return found
+
+
+def require_consistent(figures: Figures, run: Run) -> Figures:
+    wrong = inconsistencies(figures, run.in_flight)
+    if wrong:
+        raise VerifyError(
+            f"vllm bench serve's {run.name} figures are inconsistent: {'; '.join(wrong)}. "
+            "The benchmark or the server is broken; its result file has every request's times"
+        )
+    return figures
+
+
+# --- repeats and the check's whole result -----------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Level:
+    """A scenario at one level over its repeats: the median of each figure, and its spread."""
+
+    scenario: Scenario
+    concurrency: int
+    shape: Shape
+    figures: Figures
+    # (max - min) / median of each figure over the repeats: the noise the gate allows for.
+    spread: dict[str, float]
+    repeats: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "concurrency": self.concurrency,
+            "input_len": self.shape.input_len,
+            "output_len": self.shape.output_len,
+            "figures": self.figures.to_json(),
+            "spread": self.spread,
+            "repeats": self.repeats,
+        }
+
+
+FIELDS = tuple(Figures.__dataclass_fields__)
+
+
+def median_of(scenario: Scenario, concurrency: int, run_shape: Shape, repeats: Sequence[Figures]) -> Level:
+    """The median of each figure over ``repeats`` (each a whole run), and how far they spread; a
+    per-request rate over the repeats that measured it, where at least half did."""
+    if not repeats:
+        raise VerifyError(f"{scenario} at c={concurrency}: no run to take a median of")
+    medians: dict[str, Any] = {}
+    spread: dict[str, float] = {}
+    for name in FIELDS:
+        values = [float(v) for v in (getattr(f, name) for f in repeats) if v is not None]
+        if len(values) * 2 < len(repeats):  # measured in fewer than half the repeats: no median
+            medians[name], spread[name] = None, 0.0
+            continue
+        mid = statistics.median(values)
+        medians[name] = round(mid, 4)
+        spread[name] = round((max(values) - min(values)) / mid, 4) if mid else 0.0
+    medians["requests"] = sum(f.requests for f in repeats)  # the requests behind the medians, all repeats
+    return Level(
+        scenario=scenario,
+        concurrency=concurrency,
+        shape=run_shape,
+        figures=Figures(**medians),
+        spread=spread,
+        repeats=len(repeats),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Benchmark:
+    """A check's speed: every scenario at every level; what ran it and where its files are."""
+
+    levels: tuple[Level, ...]
+    window: int
+    seconds: float
+    # Seconds of benchmark per concurrency level (every scenario and repeat at that level).
+    seconds_per_level: dict[int, float]
+
+    def level(self, scenario: Scenario, concurrency: int) -> Level | None:
+        return next((lv for lv in self.levels if lv.scenario == scenario and lv.concurrency == concurrency), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tool": "vllm bench serve",
+            "window": self.window,
+            "seconds": round(self.seconds, 1),
+            "seconds_per_level": {str(c): round(s, 1) for c, s in self.seconds_per_level.items()},
+            "levels": [lv.to_json() for lv in self.levels],
+        }
+
+
+def combine(results: Sequence[tuple[Run, Figures]], window: int, seconds: float, per_level: dict[int, float]) -> Benchmark:
+    """Group each run's figures by scenario and level; the median over the repeats of each."""
+    groups: dict[tuple[Scenario, int], list[tuple[Run, Figures]]] = {}
+    for run, figures in results:
+        groups.setdefault((run.scenario, run.concurrency), []).append((run, figures))
+    levels = tuple(median_of(scenario, c, group[0][0].shape, [f for _, f in group]) for (scenario, c), group in groups.items())
+    order = sorted(levels, key=lambda lv: (SCENARIOS.index(lv.scenario), lv.concurrency))
+    return Benchmark(levels=tuple(order), window=window, seconds=seconds, seconds_per_level=per_level)
+
+
+def from_json(data: Any, where: str) -> Benchmark:
+    """A benchmark as ``to_json`` wrote it (a verify.json's or a baseline's); VerifyError if not one."""
+    try:
+        levels = tuple(
+            Level(
+                scenario=lv["scenario"],
+                concurrency=int(lv["concurrency"]),
+                shape=Shape(input_len=int(lv["input_len"]), output_len=int(lv["output_len"])),
+                figures=Figures(**{name: lv["figures"][name] for name in FIELDS}),
+                spread={str(k): float(v) for k, v in dict(lv.get("spread") or {}).items()},
+                repeats=int(lv.get("repeats", 1)),
+            )
+            for lv in data["levels"]
+            if lv["scenario"] in SCENARIOS
+        )
+        per_level = {int(c): float(s) for c, s in dict(data.get("seconds_per_level") or {}).items()}
+        return Benchmark(levels=levels, window=int(data["window"]), seconds=float(data["seconds"]), seconds_per_level=per_level)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise VerifyError(f"{where}: not a sparkbuild benchmark result ({type(exc).__name__}: {exc})") from None

@@ -1,0 +1,95 @@
+"""Runs ``vllm bench serve`` from the image under test against the server verify started.
+
+The benchmark is vLLM's own, from the same image as the server (the same vLLM), in a container of
+its own on the host network (where the server listens on 127.0.0.1): one container runs every
+level's scenarios and repeats in one process (``resources/vllm_bench.py``: vLLM's own parser and
+``main``, as the command runs them), so vLLM is imported once per verify. Each run
+saves its result into a folder of the target's output, read back by ``sparkbuild.verify.benchmark``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from sparkbuild.errors import EngineError, VerifyError
+from sparkbuild.oci.engine import Engine
+from sparkbuild.plan.matrix import Check
+from sparkbuild.resources import packaged
+from sparkbuild.util import log
+from sparkbuild.verify import benchmark
+from sparkbuild.verify.benchmark import Benchmark, Figures, Run
+
+# The image's entrypoint starts the server, so it is replaced by its Python and the runner.
+RUNNER = packaged.resource("vllm_bench.py")
+RUNNER_IN_IMAGE = "/sparkbuild/vllm_bench.py"
+RESULTS = "/results"
+TOKENIZER = "/model"
+# Every run of a verify sends a few thousand requests at most; a benchmark that takes longer is stuck.
+RUNS_TIMEOUT_S = 3600
+
+
+def window_of(model: Path, check: Check) -> int:
+    """The served context window: the model's ``max_position_embeddings``, or a shorter
+    ``--max-model-len`` in the check's serve arguments."""
+    try:
+        config = json.loads((model / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise VerifyError(f"{model}/config.json: {exc}; the benchmark reads the model's context window from it") from None
+    return benchmark.context_window(config if isinstance(config, dict) else {}, check.serve_args)
+
+
+def measure(engine: Engine, image: str, check: Check, model: Path, *, url: str, served_name: str, folder: Path) -> Benchmark:
+    """Every scenario at every level of ``check.concurrency``, ``check.bench_repeats`` times; the
+    medians. Raises VerifyError where a run fails or its figures are inconsistent."""
+    window = window_of(model, check)
+    folder.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    results = _run_all(
+        engine,
+        image,
+        benchmark.runs(check.concurrency, window, check.bench_repeats),
+        model,
+        url=url,
+        served_name=served_name,
+        folder=folder,
+    )
+    # Each level's own cost: the time vLLM's benchmark reports for its runs (the one import apart).
+    per_level: dict[int, float] = {}
+    for run, _ in results:
+        per_level[run.concurrency] = per_level.get(run.concurrency, 0.0) + _duration(folder / f"{run.name}.json")
+    return benchmark.combine(results, window, time.monotonic() - start, per_level)
+
+
+def _duration(result: Path) -> float:
+    try:
+        return float(json.loads(result.read_text()).get("duration") or 0.0)
+    except (OSError, ValueError, AttributeError):
+        return 0.0
+
+
+def _run_all(
+    engine: Engine, image: str, runs: list[Run], model: Path, *, url: str, served_name: str, folder: Path
+) -> list[tuple[Run, Figures]]:
+    """Every run in one container (on the host network: ``url`` is the server's there), so vLLM
+    is imported once per verify, not once per level; each run's figures, checked."""
+    lists = [benchmark.arguments(r, url=url, model=served_name, tokenizer=TOKENIZER, result_dir=RESULTS) for r in runs]
+    listing = folder / "runs.json"
+    listing.write_text(json.dumps(lists, indent=1) + "\n")
+    mounts = {model.resolve(): (TOKENIZER, "ro"), folder.resolve(): (RESULTS, "rw"), RUNNER.resolve(): (RUNNER_IN_IMAGE, "ro")}
+    command = ["python3", RUNNER_IN_IMAGE, f"{RESULTS}/{listing.name}"]
+    try:
+        engine.output(image, command, timeout_s=RUNS_TIMEOUT_S, network="host", mounts=mounts)
+    except EngineError as exc:
+        raise VerifyError(f"vllm bench serve failed: {exc}") from None
+    done = []
+    for run in runs:
+        figures = benchmark.require_consistent(benchmark.read(folder / f"{run.name}.json"), run)
+        log.info(
+            f"  {run.name}: {figures.tokens_per_s:.1f} tok/s in all, {figures.tokens_per_s_per_request or 'bursts'} per request "
+            f"(TPOT p50 {figures.tpot_ms_p50:.2f} ms), TTFT p50 {figures.ttft_ms_p50:.1f} ms p99 {figures.ttft_ms_p99:.1f} ms, "
+            f"{figures.requests} requests"
+        )
+        done.append((run, figures))
+    return done

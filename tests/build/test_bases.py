@@ -1,0 +1,66 @@
+"""CUDA bases made here from NVIDIA's PyPI wheels (no Docker Hub), built for real and used: the
+toolkit where CMake and nvcc look for it. CUDA 13.0's wheels carry nvcc; CUDA 12.9's do not (their
+nvcc wheel holds ptxas and NVVM only), and a 12.9 devel base is refused saying so."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sparkbuild.build import base_image
+from sparkbuild.errors import BuildError
+from sparkbuild.oci.engine import Engine
+from sparkbuild.plan import matrix
+from tests.support import ROOT
+from tests.support.matrix import LOCAL_PLATFORM
+
+pytestmark = pytest.mark.docker
+
+PROBE = r"""
+set -e
+nvcc --version | tail -2
+test -e /usr/local/cuda/lib64/libcudart.so && test -e /usr/local/cuda/lib64/stubs/libcuda.so
+cat > /tmp/k.cu <<'CU'
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+#include <cub/cub.cuh>
+__global__ void k(float* x) { x[threadIdx.x] *= 2.0f; }
+int main() { return cudaGetLastError() == cudaSuccess ? 0 : 1; }
+CU
+nvcc -arch=sm_120 /tmp/k.cu -o /tmp/k -lcublas -lcuda -L/usr/local/cuda/lib64/stubs
+echo built
+"""
+
+
+def test_a_devel_base_made_from_wheels_compiles_and_links_cuda(engine: Engine, cache: Path) -> None:
+    name, release = "trixie-cuda-13.0-devel", "13.0"
+    m = matrix.load(ROOT / "matrix.yaml")
+    ref = base_image.ensure(engine, m.bases[name], LOCAL_PLATFORM, cache / "rootfs")
+    done = subprocess.run(["docker", "run", "--rm", "--entrypoint", "sh", ref, "-c", PROBE], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"release {release}" in done.stdout and "built" in done.stdout
+    labels = engine.inspect(ref)["Config"]["Labels"]
+    assert (
+        labels["io.sparkbuild.cuda-wheels"].startswith("cuda-toolkit[")
+        and release.split(".")[0] in labels["io.sparkbuild.cuda-wheels"]
+    )
+
+
+def test_a_cuda_12_devel_base_from_wheels_is_refused_saying_why(engine: Engine, cache: Path, tmp_path: Path) -> None:
+    text = (
+        (ROOT / "matrix.yaml")
+        .read_text()
+        .replace(
+            "  trixie-cuda-13.0-runtime:",
+            "  cu12-devel:\n"
+            '    cuda_wheels: {base: debian-trixie, toolkit: "12.9.1", flavor: devel, components: [nvcc, cudart]}\n'
+            "  trixie-cuda-13.0-runtime:",
+        )
+    )
+    (tmp_path / "matrix.yaml").write_text(text)
+    (tmp_path / "patches").symlink_to(ROOT / "patches")
+    base = matrix.load(tmp_path / "matrix.yaml").bases["cu12-devel"]
+    with pytest.raises(BuildError, match=r"cuda-toolkit 12\.9\.1 on PyPI has no nvcc \(its bin/ holds ptxas\).*CUDA 13\.0 on"):
+        base_image.ensure(engine, base, LOCAL_PLATFORM, cache / "rootfs")

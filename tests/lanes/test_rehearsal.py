@@ -1,0 +1,402 @@
+"""The Spark build rehearsed here, for real: `sparkbuild rehearse --offline` of the shipped
+vllm-0.33.0-cu130-sm121 target, from local git remotes made from the real 0.33.0 and FlashInfer
+0.7.2.post1 sdists, on CUDA bases made from NVIDIA's PyPI wheels.
+
+Every stage template is built with BuildKit; vLLM's own CMake configure runs for the target's arch
+list and is audited for the Spark's GPU (the shipped target needs no patch, so none is compiled);
+the runtime image runs its checks. Then the same rehearsal is made to fail the way users fear: an
+arch list whose cubins do not load on sm_121, a patched unit that does not compile for the code it
+gets (beside e2m1-software's patched FP4 units, compiled with nvcc and checked with cuobjdump), and
+a patch set whose CUDA change no unit of the configure compiles.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from packaging.utils import parse_wheel_filename
+
+from sparkbuild.config.options import Options
+from sparkbuild.lanes.rehearse import rehearsal_target
+from sparkbuild.oci import push
+from sparkbuild.oci.engine import Engine
+from sparkbuild.oci.registry import Registry
+from sparkbuild.plan import matrix, plan
+from sparkbuild.publish import wheels
+from sparkbuild.upstream import externals, sources
+from tests.support import ROOT, cli
+from tests.support.cli import in_process as sparkbuild
+from tests.support.procs import pids_where
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+TARGET = "vllm-0.33.0-cu130-sm121"
+
+
+# The build machine as the plan sees it, fixed so the test knows the jobs it must give the compile.
+RESOURCES = {"SPARKBUILD_BUILD_MEMORY_GB": "24", "SPARKBUILD_BUILD_CORES": "2"}
+
+
+def rehearse(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return cli.run("rehearse", "--offline", "--json", *args, env={"SPARKBUILD_OUT": str(out), **RESOURCES})
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """`sparkbuild rehearse --offline` of the shipped matrix as it is: every Spark target tried."""
+    out = tmp_path_factory.mktemp("rehearse")
+    done = rehearse(out)
+    # 0.19.0 cannot be rehearsed here (no stand-in for its CUDA 12.9 bases); that fails nothing.
+    assert done.returncode == 0, done.stderr[-4000:]
+    return {"results": {r["target"]: r for r in json.loads(done.stdout)}, "out": out, "stderr": done.stderr}
+
+
+@pytest.fixture(scope="module")
+def rehearsed(shipped: dict[str, Any]) -> dict[str, Any]:
+    return {**shipped["results"][TARGET], "out": shipped["out"]}
+
+
+def test_a_target_this_machine_cannot_rehearse_is_reported_with_its_reason(shipped: dict[str, Any]) -> None:
+    older = shipped["results"]["vllm-0.19.0-cu129-sm121"]
+    assert older["status"] == "not rehearsable" and older["error"] is None and older["stages"] == []
+    assert "no stand-in for 'cuda-12.9-devel'" in older["not_rehearsable"]
+
+
+def test_the_report_lists_everything_the_rehearsal_swapped(rehearsed: dict[str, Any]) -> None:
+    swapped = "\n".join(rehearsed["swapped"])
+    assert "platform: linux/arm64 -> linux/amd64" in swapped or "platform: linux/arm64 -> linux/arm64" in swapped
+    devel = "base cuda-13.0-devel: nvidia/cuda:13.0.2-devel-ubuntu24.04 (Python 3.12, glibc 2.39) -> trixie-cuda-13.0-devel"
+    assert devel in swapped
+    assert "base cuda-13.0-runtime: " in swapped
+    assert "template vllm: the kernel compile -> preflight" in swapped
+    assert "template runtime: `flashinfer download-kernels` -> not run" in swapped
+    # CUTLASS: another version than the pinned one; every project vLLM's CMake clones, by name.
+    assert "source cutlass: v4.7.1 -> CUTLASS 4.5.0 headers from FlashInfer's sdist" in swapped
+    tree = sources.vllm_sdist("0.33.0", Options.from_env().cache)
+    for e in externals.scan(tree):
+        assert f"source {e.name}: {e.repo}" in swapped
+
+
+def test_every_stage_of_the_shipped_target_is_built(rehearsed: dict[str, Any]) -> None:
+    assert rehearsed["status"] == "rehearsed" and rehearsed["error"] is None
+    assert [s["stage"] for s in rehearsed["stages"]] == ["flashinfer", "vllm", "runtime"]
+    assert rehearsed["image"].startswith(f"sparkbuild/rehearsal:{TARGET}-")
+    # What came from where: the real sdists, and marked stand-ins for what only GitHub has.
+    assert "vllm-0.33.0.git" in rehearsed["sources"] and "PyPI sdist vllm-0.33.0" in rehearsed["sources"]
+    assert "PyPI sdist flashinfer_python-0.7.2.post1" in rehearsed["sources"]
+    assert "STAND-IN cutlass-" in rehearsed["sources"]
+    # This sandbox's PyPI copy lacks vLLM 0.33.0's certifi pin: said, never silent.
+    assert rehearsed["relaxed"] == ["certifi"]
+
+
+def test_the_audit_lists_every_unit_with_its_code_and_passes(rehearsed: dict[str, Any]) -> None:
+    audit = rehearsed["preflight"]
+    assert audit["ok"] and audit["device"] == "12.1"
+    units = {u["file"]: u for u in audit["units"]}
+    assert len(units) > 100 and audit["counts"]["none"] == 0
+    # Family cubins for the FP4 kernels, plain sm_120 for the rest; Marlin only as PTX, JIT-compiled.
+    assert units["csrc/quantization/fp4/nvfp4_quant_kernels.cu"]["codes"] == ["sm_120f"]
+    assert units["csrc/quantization/marlin/marlin.cu"]["verdict"] == "ptx-only"
+    # flash-attention's stand-in: an FA2-like unit as PTX, an FA3-like one built for 9.0a only.
+    fa = "/src/externals/vllm-flash-attn/"
+    assert units[f"{fa}csrc/flash_attn/src/flash_fwd_stub.cu"]["verdict"] == "ptx-only"
+    assert units[f"{fa}hopper/instantiations/flash_fwd_stub_sm90.cu"] == {
+        "file": f"{fa}hopper/instantiations/flash_fwd_stub_sm90.cu",
+        "library": "_vllm_fa3_C",
+        "codes": [],
+        "verdict": "other-gpu",
+    }
+    assert audit["counts"]["other-gpu"] == 1
+    assert all(u["verdict"] in ("sass", "ptx-only", "other-gpu") for u in units.values())
+    # The stand-ins are named, each with the variable that handed it over, and nothing was cloned.
+    tree = sources.vllm_sdist("0.33.0", Options.from_env().cache)
+    handed = {e.env if e.handoff == "env" else f"FETCHCONTENT_SOURCE_DIR_{e.name.upper()}" for e in externals.scan(tree)}
+    assert set(audit["stubbed"]) == handed | {"VLLM_CUTLASS_SRC_DIR"}
+    # Every source CMake would clone came from the source stage: FetchContent was disconnected.
+    found = json.loads((rehearsed["out"] / TARGET / "preflight" / "preflight.json").read_text())
+    assert {k for k, v in found["src_dirs"].items() if v.startswith("/src/externals/")} == handed
+    configure = (rehearsed["out"] / TARGET / "preflight" / "configure.log").read_text()
+    assert "DeepGEMM using local DEEPGEMM_SRC_DIR: /src/externals/deepgemm" in configure
+
+
+def test_the_shipped_target_patches_nothing_and_compiles_no_patched_unit(rehearsed: dict[str, Any]) -> None:
+    """0.33.0 with CUDA 13.0 and 12.1a needs no patch (docs/patches-needed.md): nothing changed,
+    nothing extra compiled, and the audit above still holds every unit to code for sm_121."""
+    audit = rehearsed["preflight"]
+    assert audit["changed_files"] == [] and audit["compiled"] == [] and audit["uncompiled_changes"] == []
+
+
+def test_the_runtime_image_checks_pass(rehearsed: dict[str, Any]) -> None:
+    checks = rehearsed["checks"]
+    assert checks["torch"]["cuda"].startswith("13.0")
+    assert checks["vllm"]["version"].startswith("0.33.0")
+    assert checks["triton"]["stub_bytes"] > 0 and checks["triton"]["compiler"]
+    assert checks["cuda_jit"]["nvcc"] == "13.0"
+    assert checks["flashinfer"]["version"] == "0.7.2.post1" and checks["flashinfer"]["cuda_path"] == "/opt/sparkbuild/cuda"
+    assert set(checks["companions"]) == {"torchvision", "torchaudio", "torchcodec"}
+    assert checks["companions"]["torchvision"].startswith("0.29.0")  # vLLM 0.33.0's own pin
+    assert checks["multi_node"]["libibverbs.so.1"] == "loads" and checks["multi_node"]["ray"]
+    assert checks["multi_node"]["nccl_h"].endswith("/nvidia/nccl/include")  # vLLM's NCCL allocator compiles against it
+    # Triton 3.8 compiles for sm_121 with its own ptxas-blackwell (CUDA 13.3), newer than CUDA 13.0's.
+    assert checks["triton_ptxas"] == {"arch": "sm_121a", "name": "triton ptxas-blackwell", "release": "13.3"}
+    assert checks["fastsafetensors"]["libnuma.so.1"] == "loads"
+
+
+def test_the_runtime_keeps_the_vllm_wheel_in_a_layer_of_its_own(rehearsed: dict[str, Any]) -> None:
+    """Dependencies, FlashInfer and vLLM in layers of their own: a vLLM change rewrites a small layer."""
+    history = subprocess.run(
+        ["docker", "history", "--no-trunc", "--format", "{{.Size}}\t{{.CreatedBy}}", rehearsed["image"]],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    sizes = {step: size for size, step in (line.split("\t", 1) for line in history.splitlines())}
+    vllm = next(size for step, size in sizes.items() if "--no-deps --report /opt/sparkbuild/pip-report-vllm.json" in step)
+    deps = next(size for step, size in sizes.items() if "pip-report-dependencies.json" in step)
+    assert vllm.endswith("MB") and float(vllm[:-2]) < 200, vllm  # the Python-only rehearsal wheel, unpacked
+    assert deps.endswith("GB") and float(deps[:-2]) > 5, deps  # torch, CUDA's wheels, every dependency
+
+
+def test_the_wheels_the_build_made_are_published_and_a_fresh_venv_installs_them(
+    rehearsed: dict[str, Any], engine: Engine, base: str, registry: Registry, tmp_path: Path
+) -> None:
+    """What publish attaches: the vLLM wheel (Python-only in a rehearsal: its kernels are not
+    compiled) and FlashInfer's real wheel, from the rehearsed stage images, with the arch list the
+    vLLM compile recorded; fetched with `sparkbuild wheels` and installed by pip in a fresh venv.
+    The subject is the small test base pushed to the registry, standing in for the runtime image
+    (several GB) that publish would push: what is attached and fetched is the same."""
+    m = matrix.load(ROOT / "matrix.yaml")
+    target = rehearsal_target(next(t for t in m.targets if t.id == TARGET), m)
+    stages = [(s["stage"], s["ref"]) for s in rehearsed["stages"] if s["stage"] != "runtime"]
+    collected = wheels.collect(engine, stages, tmp_path / "collected", wheels.BuiltFor.of(target))
+    names = {str(parse_wheel_filename(f.name)[0]): f for f in collected.wheels}
+    assert sorted(names) == ["flashinfer-python", "vllm"]
+    assert names["vllm"].stage == "vllm" and names["flashinfer-python"].stage == "flashinfer"
+    assert collected.build_env["TORCH_CUDA_ARCH_LIST"] == target.arch_list == "12.1a"
+
+    repository = "sparkbuild-test/wheels"
+    engine.tag(base, f"{registry.host}/{repository}", "subject")
+    try:
+        digest = push.push_image(engine, registry, f"{registry.host}/{repository}", "subject")
+    finally:
+        engine.client.images.remove(f"{registry.host}/{repository}:subject")
+    wheels.attach(registry, repository, digest, collected)
+    out = tmp_path / "fetched"
+    fetched = sparkbuild("wheels", f"{registry.host}/{repository}@{digest}", "--out", str(out), "--json")
+    assert fetched.code == 0, fetched.err
+    report = json.loads(fetched.out)
+    assert {f["file"]: f["sha256"] for f in report["files"] if f["file"].endswith(".whl")} == {
+        f.name: f.sha256 for f in collected.wheels
+    }
+    assert report["index"]["built_for"]["gpu"] == target.gpu and report["install"][-2:] == ["flashinfer-python", "vllm"]
+
+    # A fresh venv on the target's own Python (the runtime image's: the vLLM wheel is cp313), no
+    # network: pip takes both wheels from the fetched folder alone (their dependencies, torch and
+    # CUDA's 2.6 GB among them, are what the runtime stage installs; not fetched again here).
+    show = "import importlib.metadata as m; print(m.version('vllm'), m.version('flashinfer-python'))"
+    fresh = (
+        "python3 -m venv /tmp/fresh"
+        " && /tmp/fresh/bin/pip install --no-index --no-deps --find-links /fetched vllm flashinfer-python"
+        f' && /tmp/fresh/bin/python -c "{show}"'
+    )
+    shown = engine.output(rehearsed["image"], ["sh", "-c", fresh], timeout_s=600, mounts={out: ("/fetched", "ro")})
+    versions = shown.strip().splitlines()[-1].split()
+    assert versions[0].startswith("0.33.0") and versions[1] == "0.7.2.post1"
+
+
+def test_the_compile_gets_the_plans_build_jobs(rehearsed: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in RESOURCES.items():
+        monkeypatch.setenv(key, value)
+    (p,) = plan.make(Options.from_env(only=(TARGET,)))
+    assert p.jobs is not None and p.jobs.compiles == 2
+    done = subprocess.run(
+        ["docker", "run", "--rm", "--entrypoint", "cat", rehearsed["image"], "/opt/sparkbuild/build-env.txt"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.split()[:2] == [f"MAX_JOBS={p.jobs.max_jobs}", f"NVCC_THREADS={p.jobs.nvcc_threads}"]
+
+
+def git_daemons(root: Path) -> list[int]:
+    """git daemon processes serving ``root``."""
+    base = f"--base-path={root}".encode()
+    return pids_where(lambda argv: any(a.endswith(b"git-daemon") or a == b"daemon" for a in argv[:2]) and base in argv)
+
+
+def test_ctrl_c_during_the_preflight_leaves_no_daemon_and_no_partial_repository(
+    rehearsed: dict[str, Any], tmp_path: Path
+) -> None:
+    """A real SIGINT once the preflight has started (after the module's rehearsal, so it starts in
+    seconds): exit 130, the offline git daemon stopped, no repository left half made."""
+    root = Options.from_env().cache / "offline"
+    with cli.start(
+        "rehearse", "--offline", "--only", TARGET, env={"SPARKBUILD_OUT": str(tmp_path), **RESOURCES}
+    ) as proc:  # the context closes the pipe it reads
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if line.startswith("==> Preflight of"):
+                break
+        assert git_daemons(root), "the rehearsal serves its sources while it runs"
+        proc.send_signal(signal.SIGINT)
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=300) == 130, rest[-3000:]
+    assert "interrupted" in rest
+    assert git_daemons(root) == []
+    assert list(root.glob("*.partial")) == []
+
+
+# --- made to fail ---------------------------------------------------------------------------------
+
+# A fault no shipped configuration of 0.33.0 produces for real (its FP4 units all get family code, so
+# the hardware conversion assembles): the native E2M1 instruction in a unit that gets a plain sm_120
+# cubin, the fault e2m1-software exists for. Injected by a diff patch applied like any other.
+INJECTED = """\
+--- a/csrc/quantization/fp4/nvfp4_quant_entry.cu
++++ b/csrc/quantization/fp4/nvfp4_quant_entry.cu
+@@ -1,1 +1,6 @@
++__global__ void sparkbuild_injected(float const* x, unsigned* out) {
++  unsigned r;
++  asm volatile("{ .reg .b8 b; cvt.rn.satfinite.e2m1x2.f32 b, %1, %2; cvt.u32.u8 %0, b; }" : "=r"(r) : "f"(x[0]), "f"(x[1]));
++  out[0] = r;
++}
+FIRST
+"""
+PATCH_YAML = """\
+summary: Test fault, injected (tests/lanes/test_rehearsal.py); never shipped.
+why: The hardware E2M1 conversion in a unit that gets plain sm_120 code.
+component: vllm
+versions: ">=0.33"
+upstream: {fixed_in: null, links: []}
+change: {diff: fault.diff}
+"""
+# A real change to a kernel a 12.1a build never compiles: 0.33.0 lists nvfp4_scaled_mm_kernels.cu only
+# in FP4_SM100_SRCS. A patch set like this changes CUDA code that preflight cannot prove and the
+# image will not hold; preflight must fail it, naming the file (issue 29, section 3).
+UNCOMPILED = """\
+--- a/csrc/quantization/fp4/nvfp4_scaled_mm_kernels.cu
++++ b/csrc/quantization/fp4/nvfp4_scaled_mm_kernels.cu
+@@ -1,1 +1,2 @@
++// sparkbuild test: a change to an SM10x-only kernel
+FIRST
+"""
+# A comment added to the FP4 header, its code untouched: preflight compiles every unit that includes
+# it, so the same variant shows the unpatched hardware E2M1 conversion building for 12.1a with CUDA
+# 13.0, the evidence that e2m1-software is not needed there (docs/patches-needed.md).
+E2M1_AS_IS = """\
+--- a/csrc/quantization/fp4/nvfp4_utils.cuh
++++ b/csrc/quantization/fp4/nvfp4_utils.cuh
+@@ -1,1 +1,2 @@
++// sparkbuild test: the header as upstream has it
+FIRST
+"""
+
+
+@pytest.fixture(scope="module")
+def variants(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shipped matrix whose target comes twice more, each with one key changed, and the patches
+    folder with the fault beside the shipped patches."""
+    folder = tmp_path_factory.mktemp("variants")
+    shutil.copytree(ROOT / "patches", folder / "patches")
+    tree = sources.vllm_sdist("0.33.0", Options.from_env().cache)
+    first = (tree / "csrc/quantization/fp4/nvfp4_quant_entry.cu").read_text().splitlines()[0]
+    (folder / "patches" / "zz-test-fault").mkdir()
+    (folder / "patches" / "zz-test-fault" / "fault.diff").write_text(INJECTED.replace("FIRST", f" {first}"))
+    (folder / "patches" / "zz-test-fault" / "patch.yaml").write_text(PATCH_YAML)
+    for name, rel, text in (
+        ("zz-test-sm100-only", "csrc/quantization/fp4/nvfp4_scaled_mm_kernels.cu", UNCOMPILED),
+        ("zz-test-e2m1-as-is", "csrc/quantization/fp4/nvfp4_utils.cuh", E2M1_AS_IS),
+    ):
+        first_line = (tree / rel).read_text().splitlines()[0]
+        (folder / "patches" / name).mkdir()
+        (folder / "patches" / name / "change.diff").write_text(text.replace("FIRST", f" {first_line}"))
+        (folder / "patches" / name / "patch.yaml").write_text(
+            PATCH_YAML.replace("plain sm_120 code", "unit the test names").replace("fault.diff", "change.diff")
+        )
+    shipped = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    (target,) = [t for t in shipped["targets"] if t.get("id") == TARGET]
+    shipped["targets"] = [
+        {**target, "id": "vllm-0.33.0-cu130-sm120a", "arch_list": "12.0a"},
+        # e2m1-software beside the fault: its patched FP4 units compile, the fault's unit does not.
+        {**target, "id": "vllm-0.33.0-cu130-fault", "patches": ["e2m1-software", "zz-test-fault"]},
+        {**target, "id": "vllm-0.33.0-cu130-uncompiled", "patches": ["zz-test-e2m1-as-is", "zz-test-sm100-only"]},
+    ]
+    (folder / "matrix.yaml").write_text(yaml.safe_dump(shipped, sort_keys=False))
+    return folder / "matrix.yaml"
+
+
+@pytest.fixture(scope="module")
+def failed(variants: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """The variants rehearsed by one command (one offline source set-up): each fails, none stops another."""
+    out = tmp_path_factory.mktemp("variants-out")
+    only = ["--only", "vllm-0.33.0-cu130-sm120a", "--only", "vllm-0.33.0-cu130-fault", "--only", "vllm-0.33.0-cu130-uncompiled"]
+    done = rehearse(out, "--matrix", str(variants), *only)
+    assert done.returncode == 8, done.stderr[-3000:]
+    return {r["target"]: r for r in json.loads(done.stdout)}
+
+
+def test_an_arch_list_whose_cubins_do_not_load_on_sm121_fails_naming_the_units(failed: dict[str, dict[str, Any]]) -> None:
+    result = failed["vllm-0.33.0-cu130-sm120a"]
+    audit = result["preflight"]
+    assert result["status"] == "failed (preflight)" and not audit["ok"]
+    failing = {u["file"] for u in audit["units"] if u["verdict"] == "none"}
+    assert len(failing) > 100 and all(u["codes"] == ["sm_120a"] for u in audit["units"] if u["verdict"] == "none")
+    assert "csrc/quantization/fp4/nvfp4_quant_kernels.cu" in failing
+    assert (
+        "cannot serve sm_121" in result["error"] and "csrc/quantization/fp4/nvfp4_quant_kernels.cu (sm_120a)" in result["error"]
+    )
+    assert result["stages"] == []  # stopped before any stage was built
+
+
+def test_a_patched_unit_that_does_not_compile_for_its_code_fails_naming_it(failed: dict[str, dict[str, Any]]) -> None:
+    result = failed["vllm-0.33.0-cu130-fault"]
+    assert result["preflight"] is not None, result["error"]
+    audit = result["preflight"]
+    assert "csrc/quantization/fp4/nvfp4_utils.cuh" in audit["changed_files"]  # e2m1-software
+    compiled = {c["file"]: c for c in audit["compiled"]}
+    fault = compiled["csrc/quantization/fp4/nvfp4_quant_entry.cu"]
+    assert not fault["ok"] and "not supported on .target 'sm_120'" in fault["error"]
+    assert "csrc/quantization/fp4/nvfp4_quant_entry.cu (does not compile)" in result["error"]
+    # The other units, the FP4 ones e2m1-software patched among them, compile with code for the Spark.
+    for name in ("csrc/quantization/fp4/nvfp4_quant_kernels.cu", "csrc/nvfp4_kv_cache_kernels.cu"):
+        unit = compiled[name]
+        assert unit["ok"] and unit["runs_on_device"], unit
+        assert unit["codes"] == ["sm_120f"]  # the family cubin, read from the ELF header as the audit does
+        assert unit["reaches"] == ["csrc/quantization/fp4/nvfp4_utils.cuh"]
+
+
+def test_a_patch_set_whose_cuda_change_no_unit_compiles_fails_naming_the_file(failed: dict[str, dict[str, Any]]) -> None:
+    """The patched SM10x-only kernel: preflight compiles no unit that holds it, and says so."""
+    result = failed["vllm-0.33.0-cu130-uncompiled"]
+    assert result["preflight"] is not None, result["error"]
+    audit = result["preflight"]
+    changed = "csrc/quantization/fp4/nvfp4_scaled_mm_kernels.cu"
+    assert result["status"] == "failed (preflight)" and not audit["ok"]
+    assert changed in audit["changed_files"] and audit["uncompiled_changes"] == [changed]
+    assert changed not in {c["file"] for c in audit["compiled"]} and audit["counts"]["none"] == 0
+    assert f"the patch set changes {changed}, and no unit this configure compiles is or includes it" in result["error"]
+    assert result["stages"] == []
+
+
+def test_the_fp4_header_as_upstream_has_it_builds_in_every_unit_for_121a(failed: dict[str, dict[str, Any]]) -> None:
+    """The same variant's other patch adds only a comment to nvfp4_utils.cuh, so preflight compiles
+    every unit that includes the header with its hardware E2M1 conversion untouched: each builds, with
+    code for sm_121. e2m1-software is not needed for 12.1a with CUDA 13.0 (docs/patches-needed.md)."""
+    audit = failed["vllm-0.33.0-cu130-uncompiled"]["preflight"]
+    assert audit is not None
+    compiled = {c["file"]: c for c in audit["compiled"]}
+    assert {
+        "csrc/quantization/fp4/nvfp4_quant_entry.cu",
+        "csrc/quantization/fp4/nvfp4_quant_kernels.cu",
+        "csrc/quantization/fp4/activation_nvfp4_quant_fusion_kernels.cu",
+        "csrc/quantization/fp4/nvfp4_experts_quant.cu",
+        "csrc/nvfp4_kv_cache_kernels.cu",
+    } == set(compiled)
+    for unit in compiled.values():
+        assert unit["ok"] and unit["runs_on_device"], unit
