@@ -13,12 +13,13 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
 import requests
 
-from builder import checkmodel, host, jitcache, kernelpath, log, numerics, probes, runnable, speed
+from builder import checkkinds, checkmodel, host, jitcache, kernelpath, log, numerics, probes, runnable, speed
 from builder.benchmark import Benchmark
 from builder.engine import Container, Engine
 from builder.errors import FatalError, VerifyError
@@ -69,10 +70,17 @@ class VerifyResult:
     # The answers' logprobs against the model's recorded reference, one by one and batched
     # (builder/numerics.py); empty where the model recorded none.
     numbers: tuple[numerics.Comparison, ...] = field(default=())
+    # Depth and time: the check kinds the check names (builder/checkkinds.py), after its answers.
+    kinds: tuple[checkkinds.Outcome, ...] = field(default=())
 
     @property
     def ok(self) -> bool:
-        return all(a.ok for a in self.answers) and all(k.ok for k in self.kernels) and all(n.ok for n in self.numbers)
+        return (
+            all(a.ok for a in self.answers)
+            and all(k.ok for k in self.kernels)
+            and all(n.ok for n in self.numbers)
+            and all(k.ok for k in self.kinds)
+        )
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -303,9 +311,11 @@ def run_check(server: Server, check: Check, *, image: str, model: str, startup: 
         log.info(f"  {a.name} ({a.api}): {a.prompt!r} -> {a.received!r} [{'ok' if a.ok else 'WRONG'}]")
     probed = survive_clients(server, check, answers)
     numbers = held_to_reference(server, check) if all(a.ok for a in answers) else ()
+    asking = partial(ask, server.url, model=server.model)
+    kinds = checkkinds.run(server.url, server.model, check, asking) if all(a.ok for a in answers) else ()
     bench: Benchmark | None = None
-    if not all(a.ok for a in answers) or not all(n.ok for n in numbers):
-        pass  # a wrong answer, or right ones on wrong numbers: nothing worth timing
+    if not all(a.ok for a in answers) or not all(n.ok for n in numbers) or not all(k.ok for k in kinds):
+        pass  # a wrong answer, right ones on wrong numbers, or a failed kind: nothing worth timing
     elif server.benchmark is None:
         log.info(f"  speed not measured: {server.no_benchmark}")
     else:
@@ -324,6 +334,7 @@ def run_check(server: Server, check: Check, *, image: str, model: str, startup: 
         kernels=kernels,
         probes=probed,
         numbers=numbers,
+        kinds=kinds,
     )
     result_file.parent.mkdir(parents=True, exist_ok=True)
     result_file.write_text(json.dumps(result.to_json(), indent=2) + "\n")
@@ -395,6 +406,8 @@ def require(result: VerifyResult, result_file: Path) -> VerifyResult:
     moved = numerics.problems(result.numbers)
     if moved:
         problems += [f"{result.image}: the answers' logprobs moved beyond the tolerance recorded with the model:", *moved]
+    if failed_kinds := checkkinds.problems(result.kinds):
+        problems += [f"{result.image}: check {result.check}'s kinds failed (docs/check-kinds.md):", *failed_kinds]
     gate = kernelpath.failures(result.kernels, result.vllm_version)
     if gate:
         problems += [f"{result.image}: kernel-path gate failed:", *gate]
