@@ -516,7 +516,15 @@ def verify_cell(result: verify.VerifyResult) -> str:
         text += f", {first.scenario} c={first.concurrency}: TTFT {f.ttft_ms_p50:.0f} ms, {f.tokens_per_s:.0f} tok/s"
     if result.kernels:  # the kernel path, and whether its patterns were unverified for this vLLM
         text += f", {kernelpath.text(result.kernels)}"
-    return text
+    return text + kinds_text(result)
+
+
+def kinds_text(result: verify.VerifyResult) -> str:
+    """The check kinds run (docs/check-kinds.md): ", kinds ok (arithmetic, burn_in)", or the failed ones."""
+    failed = [k.kind for k in result.kinds if not k.ok]
+    if failed:
+        return f", kinds FAILED: {', '.join(failed)}"
+    return f", kinds ok ({', '.join(k.kind for k in result.kinds)})" if result.kinds else ""
 
 
 def verified_cell(verified: verify.Verified, *, named: bool = False) -> str:

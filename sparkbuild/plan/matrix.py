@@ -133,6 +133,62 @@ class Prompt:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Arithmetic:
+    """Seeded two-step word problems, each with one exact whole-number answer (the GSM8K failure)."""
+
+    questions: int
+    seed: int
+    # Worked examples before each question (few-shot, as GSM8K is run), drawn from their own seed.
+    shots: int
+    # The check passes with at least this fraction right (docs/check-kinds.md says why 0.8).
+    pass_fraction: float
+    max_tokens: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Needles:
+    """A pass key at each depth of a prompt that fills the served context."""
+
+    depths: tuple[float, ...]
+    seed: int
+    max_tokens: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class BurnIn:
+    """The check's own prompts, ``requests`` times in turn, ``concurrency`` at a time; every answer judged."""
+
+    requests: int
+    concurrency: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class LongGeneration:
+    """One greedy generation of ``tokens`` tokens, judged for degenerate repetition."""
+
+    prompt: str
+    tokens: int
+    # No token more than this many times in a row; at least min_distinct tokens in every window.
+    max_run: int
+    window: int
+    min_distinct: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Kinds:
+    """The check kinds a check runs after its answers (sparkbuild/verify/checkkinds.py); None: not run."""
+
+    arithmetic: Arithmetic | None = None
+    needles: Needles | None = None
+    burn_in: BurnIn | None = None
+    long_generation: LongGeneration | None = None
+
+    @property
+    def named(self) -> tuple[str, ...]:
+        return tuple(k for k in KIND_NAMES if getattr(self, k) is not None)
+
+
+@dataclass(frozen=True, kw_only=True)
 class HubModel:
     """A real model from the Hugging Face Hub, at a revision (a commit, or a branch or tag)."""
 
@@ -169,6 +225,8 @@ class Check:
     # A real model instead of a recipe: from the hub (downloaded on the runner), or a local folder.
     hub: HubModel | None = None
     path: Path | None = None
+    # Depth and time: the check kinds it runs after its answers and client probes.
+    kinds: Kinds = field(default_factory=Kinds)
 
     @property
     def expected_kernels(self) -> dict[str, tuple[str, ...]]:
@@ -939,6 +997,7 @@ CHECK_KEYS = (
     "bench_hold_tags",
     "kernels",
     "accept_unverified_kernel_patterns",
+    "kinds",
 )
 PROMPT_KEYS = ("name", "api", "prompt", "expect", "contains", "regex", "max_tokens")
 EXPECT_KEYS: dict[str, Literal["exact", "contains", "regex"]] = {"expect": "exact", "contains": "contains", "regex": "regex"}
@@ -977,7 +1036,97 @@ def _checks(doc: Located, defaults_doc: Located, value: Any) -> dict[str, Check]
         )
         if not result[name].prompts:
             raise doc.fail((*path, "prompts"), "a check needs at least one prompt with its expected answer")
+        kinds = _kinds(doc, defaults_doc, (*path, "kinds"), spec.get("kinds", {}), result[name].prompts)
+        result[name] = replace(result[name], kinds=kinds)
     return result
+
+
+# --- check kinds: each kind's settings, the check's over defaults.yaml's (check_kinds:) -------------
+
+KIND_NAMES = ("arithmetic", "needles", "burn_in", "long_generation")
+
+
+def _whole(doc: Located, path: DocPath, value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise doc.fail(path, f"expected a whole number (0 or more), got {validate.type_name(value)}")
+
+
+def _share(doc: Located, path: DocPath, value: Any) -> float:
+    """A fraction in (0, 1]: the share of answers a check kind needs right."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 1:
+        return float(value)
+    raise doc.fail(path, f"expected a fraction in (0, 1], like 0.8, got {validate.type_name(value)}")
+
+
+def _depth(doc: Located, path: DocPath, value: Any) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < 1:
+        return float(value)
+    raise doc.fail(path, f"expected a depth of the context in (0, 1), like 0.5 for 50 %, got {validate.type_name(value)}")
+
+
+KIND_KEYS: dict[str, dict[str, validate.Validator]] = {
+    "arithmetic": {
+        "questions": validate.positive_int,
+        "seed": _whole,
+        "shots": _whole,
+        "pass_fraction": _share,
+        "max_tokens": validate.positive_int,
+    },
+    "needles": {"depths": validate.list_of(_depth), "seed": _whole, "max_tokens": validate.positive_int},
+    "burn_in": {"requests": validate.positive_int, "concurrency": validate.positive_int},
+    "long_generation": {
+        "prompt": validate.opt(validate.text),
+        "tokens": validate.positive_int,
+        "max_run": validate.positive_int,
+        "window": validate.positive_int,
+        "min_distinct": validate.positive_int,
+    },
+}
+
+
+def _kinds(doc: Located, defaults_doc: Located, path: DocPath, value: Any, prompts: tuple[Prompt, ...]) -> Kinds:
+    """``kinds: {arithmetic: {questions: 50}, burn_in: {}}``: each kind named, its settings over the defaults."""
+    spec = validate.mapping(doc, path, value, KIND_NAMES)
+    found: dict[str, Any] = {}
+    for kind, given in spec.items():
+        where: DocPath = (*path, kind)
+        own = validate.mapping(doc, where, {} if given is None else given, KIND_KEYS[kind])
+        defaults = defaults_doc.data["check_kinds"][kind]
+        settings = {
+            key: check(doc, (*where, key), own[key])
+            if key in own
+            else check(defaults_doc, ("check_kinds", kind, key), defaults[key])
+            for key, check in KIND_KEYS[kind].items()
+        }
+        found[kind] = _kind(doc, where, kind, settings, prompts)
+    return Kinds(**found)
+
+
+def _kind(doc: Located, path: DocPath, kind: str, settings: dict[str, Any], prompts: tuple[Prompt, ...]) -> Any:
+    """One kind's settings, checked together (what no single key can say)."""
+    if kind == "arithmetic":
+        return Arithmetic(**settings)
+    if kind == "needles":
+        if not settings["depths"] or len(set(settings["depths"])) != len(settings["depths"]):
+            raise doc.fail((*path, "depths"), "name one depth or more, each once, like [0.1, 0.5, 0.9]")
+        return Needles(**settings)
+    if kind == "burn_in":
+        if settings["concurrency"] > settings["requests"]:
+            raise doc.fail(
+                (*path, "concurrency"), f"{settings['concurrency']} at a time never happens in {settings['requests']} requests"
+            )
+        return BurnIn(**settings)
+    if settings["min_distinct"] > settings["window"]:
+        raise doc.fail(
+            (*path, "min_distinct"), f"{settings['min_distinct']} distinct tokens never fit a window of {settings['window']}"
+        )
+    if settings["prompt"] is None:
+        first = next((p for p in prompts if p.api == "completions"), None)
+        if first is None:
+            raise doc.fail(path, "give 'prompt:' (a text to continue): the check has no completions prompt to continue")
+        settings["prompt"] = first.prompt
+    return LongGeneration(**settings)
 
 
 MODEL_KEYS = ("hub", "revision", "path")

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,7 +34,7 @@ from sparkbuild.plan.matrix import Check, Prompt
 from sparkbuild.upstream import kernelpath
 from sparkbuild.util import host, log
 from sparkbuild.util.net import free_port
-from sparkbuild.verify import checkmodel, numerics, probes, speed
+from sparkbuild.verify import checkkinds, checkmodel, numerics, probes, speed
 from sparkbuild.verify.benchmark import Benchmark
 
 MODEL_NAME = "sparkbuild-check"
@@ -85,10 +86,17 @@ class VerifyResult:
     # start (verify --url).
     image_id: str | None = None
     server_log_sha256: str | None = None
+    # Depth and time: the check kinds the check names (sparkbuild/verify/checkkinds.py), after its answers.
+    kinds: tuple[checkkinds.Outcome, ...] = field(default=())
 
     @property
     def ok(self) -> bool:
-        return all(a.ok for a in self.answers) and all(k.ok for k in self.kernels) and all(n.ok for n in self.numbers)
+        return (
+            all(a.ok for a in self.answers)
+            and all(k.ok for k in self.kernels)
+            and all(n.ok for n in self.numbers)
+            and all(k.ok for k in self.kinds)
+        )
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -377,9 +385,11 @@ def run_check(server: Server, check: Check, *, image: str, model: str, startup: 
     # numbers (the reference's tokens) presume right ones.
     probed = survive_clients(server, check, answers) if right else ()
     numbers = held_to_reference(server, check) if right else ()
+    asking = partial(ask, server.url, model=server.model)
+    kinds = checkkinds.run(server.url, server.model, check, asking) if right else ()
     bench: Benchmark | None = None
-    if not all(a.ok for a in answers) or not all(n.ok for n in numbers):
-        pass  # a wrong answer, or right ones on wrong numbers: nothing worth timing
+    if not all(a.ok for a in answers) or not all(n.ok for n in numbers) or not all(k.ok for k in kinds):
+        pass  # a wrong answer, right ones on wrong numbers, or a failed kind: nothing worth timing
     elif server.benchmark is None:
         log.info(f"  speed not measured: {server.no_benchmark}")
     else:
@@ -401,6 +411,7 @@ def run_check(server: Server, check: Check, *, image: str, model: str, startup: 
         numbers=numbers,
         image_id=server.image_id,
         server_log_sha256=None if text is None else log_digest(text.encode()),
+        kinds=kinds,
     )
     result_file.parent.mkdir(parents=True, exist_ok=True)
     result_file.write_text(json.dumps(result.to_json(), indent=2) + "\n")
@@ -478,6 +489,8 @@ def require(result: VerifyResult, result_file: Path) -> VerifyResult:
     moved = numerics.problems(result.numbers)
     if moved:
         problems += [f"{result.image}: the answers' logprobs moved beyond the tolerance recorded with the model:", *moved]
+    if failed_kinds := checkkinds.problems(result.kinds):
+        problems += [f"{result.image}: check {result.check}'s kinds failed (docs/check-kinds.md):", *failed_kinds]
     gate = kernelpath.failures(result.kernels, result.vllm_version)
     if gate:
         problems += [f"{result.image}: kernel-path gate failed:", *gate]

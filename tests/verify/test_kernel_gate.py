@@ -5,6 +5,10 @@ The MoE model here is a tiny Mixtral with random weights, made in the test from 
 model's tokenizer: serving it makes vLLM choose and log its MoE backend (on CPU: "CPU"). Its
 answers are wrong by design (it was never trained); the gate is what these tests look at, and
 verify reports both.
+
+The alphabet server also answers the check kinds (sparkbuild/verify/checkkinds.py) as `verify --url` runs them
+against a deployment: a few dozen requests more on a server already up, where a server of its own would
+take minutes to start.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import re
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -173,6 +178,8 @@ def test_verify_url_checks_a_running_server_and_gates_it_from_a_log_file(served:
     assert [a["received"] for a in result["answers"]] == [" g h i j", " q r s t"]
     # No image to run vllm bench serve from: no speed figures (sparkbuild/verify/verify.py verify_url).
     assert result["vllm_version"] == "0.32.0" and result["benchmark"] is None
+    # The shipped alphabet check's kinds: its prompts 20 times, 5 at a time, and 120 tokens of its cycle.
+    assert [(k["kind"], k["ok"]) for k in result["kinds"]] == [("burn_in", True), ("long_generation", True)]
 
     # Robust answers: a text the answer contains, a regular expression it matches.
     robust = (ROOT / "matrix.yaml").read_text().replace('expect: " g h i j"', "contains: h i", 1)
@@ -202,3 +209,43 @@ def test_verify_url_says_when_nothing_answers() -> None:
     assert done.code == 6 and f"cannot reach {url}/health" in done.err
     both = sparkbuild("verify", "some/image:1", "--url", url, "--check", "alphabet")
     assert both.code == 2 and "not both" in both.err
+
+
+def test_the_check_kinds_the_tiny_model_cannot_answer_fail_saying_what_it_answered(
+    served: dict[str, Served], tmp_path: Path
+) -> None:
+    """The alphabet model answers letters to word problems and to the pass-key question: arithmetic and
+    needles fail for real, naming the kind, the item and the figure (their passing side is judged in
+    tests/unit/test_checkkinds.py and proven on the runner). The burn-in and the long generation pass:
+    20 answers right 5 at a time, and 120 tokens of its alphabet, a cycle of 26 different tokens."""
+    body = (ROOT / "matrix.yaml").read_text()
+    # Its 128-token context holds a question with no worked examples and an 8-token answer.
+    extra = "      arithmetic: {questions: 10, shots: 0, max_tokens: 8}\n      needles: {max_tokens: 8}\n"
+    body = body.replace(
+        "      burn_in: {requests: 20, concurrency: 5}\n", extra + "      burn_in: {requests: 20, concurrency: 5}\n", 1
+    )
+    (tmp_path / "matrix.yaml").write_text(body)
+    (tmp_path / "patches").symlink_to(ROOT / "patches")
+    url = served["alphabet"].url
+    args = ("--check", "alphabet", "--matrix", str(tmp_path / "matrix.yaml"), "--result", str(tmp_path / "r.json"))
+    done = sparkbuild("verify", "--url", url, *args)
+    assert done.code == 6, done.err
+    assert f"{url}: check alphabet's kinds failed (docs/check-kinds.md):" in done.err
+    assert "  arithmetic: 0/10 right, at least 8 (80%) needed (seed 52148)" in done.err
+    assert "    q1 'A shop sells 57 coins on Monday and 16 more than that on Tue...': expected 130, answered ' " in done.err
+    assert "  needles: 0/3 pass keys found, at 10%, 50%, 90% of a 128-token context" in done.err
+    assert re.search(r"    at 90% \(token \d+ of 128\): expected pass key \d{5}, answered ' [a-z]", done.err), done.err
+    assert "burn_in" not in done.err and "long_generation" not in done.err
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert not result["ok"] and all(a["ok"] for a in result["answers"])
+    kinds = {k["kind"]: k for k in result["kinds"]}
+    assert [(name, k["ok"]) for name, k in kinds.items()] == [
+        ("arithmetic", False),
+        ("needles", False),
+        ("burn_in", True),
+        ("long_generation", True),
+    ]
+    assert len(kinds["arithmetic"]["wrong"]) == 10 and kinds["needles"]["figures"]["context"] == 128
+    assert kinds["burn_in"]["figures"] == {"requests": 20, "concurrency": 5, "right": 20}
+    long = kinds["long_generation"]["figures"]
+    assert long == {"tokens": 120, "longest_run": 1, "fewest_distinct": 26, "finish_reason": "length"}
