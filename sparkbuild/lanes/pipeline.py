@@ -220,15 +220,17 @@ def find_published(ctx: Context, run: TargetRun) -> bool:
     digest = ctx.registry.digest(run.plan.repository, run.plan.content_tag)
     if digest is None:
         return True
+    # One published before sparkbuild attached documents gets them now (the engine only if the SBOM
+    # is missing): they describe the image, whatever its gained checks say next.
+    attest.attach(lambda: ctx.engine, ctx.registry, run.plan, digest, evidence(ctx, run))
     new = unchecked(ctx.registry, run.plan, digest)
     if new:
         names = ", ".join(c.name for c in new)
         log.info(f"{run.plan.id}: {run.plan.content_tag} is published ({digest}); check(s) {names} never ran on it: running them")
         check_published(ctx, run, digest, new)
+        attest.attach(lambda: ctx.engine, ctx.registry, run.plan, digest, evidence(ctx, run))  # their results
     else:
         log.info(f"{run.plan.id}: {run.plan.content_tag} is already published ({digest}); nothing to build")
-    # One published before sparkbuild attached documents gets them now (the engine only if the SBOM is missing).
-    attest.attach(lambda: ctx.engine, ctx.registry, run.plan, digest, evidence(ctx, run))
     attach_baselines(ctx, run, digest)
     published = publish.move_tags(ctx.registry, run.plan, digest, signer=ctx.opts.signer)
     run.digest, run.signature = digest, published.signature

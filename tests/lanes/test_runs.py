@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -22,7 +23,8 @@ from sparkbuild.oci.engine import Engine
 from sparkbuild.oci.registry import embedded
 from sparkbuild.plan import plan
 from sparkbuild.plan.plan import TargetPlan
-from sparkbuild.publish import publish
+from sparkbuild.publish import attest, provenance, publish
+from sparkbuild.verify import verify
 from tests.support import ROOT, cli
 from tests.support.matrix import CHECKS, local_target
 
@@ -41,11 +43,25 @@ def plan_of(path: Path, cache: Path, out: Path) -> TargetPlan:
     return p
 
 
+def checked_already(engine: Engine, p: TargetPlan, image: str, matrix_file: Path, folder: Path) -> attest.Evidence:
+    """Evidence whose every check's result says it was skipped (this stand-in image serves nothing):
+    attached, it counts as the check's result, so a nightly finds nothing to run on the image."""
+    files = verify.result_files(folder / "verify.json", p.target.checks)
+    identity = str(engine.inspect(image)["Id"])
+    for check in p.target.checks:
+        verify.write_skipped(files[check.name], check, image, identity, "the run-lock test's stand-in image serves nothing")
+    return attest.Evidence(files=provenance.Files(matrix=matrix_file, lock=None), verify=files, local=image)
+
+
 class Run:
     """``sparkbuild ARGS`` in a new process; its stderr is read as it comes."""
 
+    # Every run started, so that a failing test leaves none behind (test_runs' own fixture ends them).
+    started: ClassVar[list[Run]] = []
+
     def __init__(self, *args: str, env: dict[str, str]) -> None:
         self.proc = cli.start(*args, env=env)
+        Run.started.append(self)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -78,6 +94,20 @@ class Run:
         return "".join(self.lines)
 
 
+@pytest.fixture(autouse=True)
+def no_run_left() -> Iterator[None]:
+    """A run a failed assertion left going is continued (a stopped one), ended and reaped."""
+    yield
+    for run in Run.started:
+        if run.proc.poll() is None:
+            run.proc.send_signal(signal.SIGCONT)
+            run.proc.kill()
+        run.proc.wait(timeout=30)
+        if run.proc.stderr is not None:
+            run.proc.stderr.close()
+    Run.started.clear()
+
+
 def lock_holder(cache: Path) -> int | None:
     try:
         return int(json.loads((cache / "run.lock").read_text())["pid"])
@@ -90,7 +120,7 @@ def test_two_nightlies_on_one_cache_take_turns(engine: Engine, base: str, tmp_pa
     path = matrix(tmp_path, "t17-lock")
     p = plan_of(path, cache, tmp_path / "out")
     with embedded(cache / "registry") as registry:  # published already: each nightly moves tags only
-        publish.push(engine, registry, p, base)
+        publish.push(engine, registry, p, base, evidence=checked_already(engine, p, base, path, tmp_path / "verified"))
     env = {"SPARKBUILD_CACHE": str(cache), "SPARKBUILD_REGISTRY": "", "SPARKBUILD_DATE": "20261121"}
     first = Run("nightly", "--matrix", str(path), env={**env, "SPARKBUILD_OUT": str(tmp_path / "out1")})
     deadline = time.monotonic() + 60

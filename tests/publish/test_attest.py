@@ -11,6 +11,7 @@ tests/publish/test_documents.py). The verify result is a recorded one: no server
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ import docker.errors
 import pytest
 
 from sparkbuild.config.options import Options
-from sparkbuild.errors import PublishError
+from sparkbuild.errors import FatalError, PublishError
 from sparkbuild.lanes import pipeline
 from sparkbuild.oci import push, referrers
 from sparkbuild.oci.engine import Engine
@@ -70,24 +71,33 @@ def image(engine: Engine, base: str, spark_plan: plan.TargetPlan, tmp_path: Path
                 engine.client.images.remove(ref, force=True)
 
 
-def recorded_verify(path: Path) -> None:
+def recorded_verify(path: Path, image_id: str) -> None:
     """A recorded result of the target's first check (answers and speed) at ``path``, and of its
-    second check (answers and kernel path) where verify writes it, in checks/moe-nvfp4/."""
+    second check (answers and kernel path) where verify writes it, in checks/moe-nvfp4/: each tied
+    to the image as verify ties it (its ID, a server log beside it naming the vLLM version, that
+    log's digest), so publish attaches them."""
     answer = Answer(name="completion", api="completions", prompt="c d e f", expected=" g h i j", received=" g h i j")
     bench = benchmark.from_json(json.loads((DATA / "bench" / "baseline.json").read_text()), "baseline.json")
-    result = VerifyResult(image=LOCAL, model="alphabet", check="alphabet", startup_s=21.5, answers=(answer,), benchmark=bench)
-    path.write_text(json.dumps(result.to_json(), indent=2))
     line = "Using 'FLASHINFER_CUTLASS' NvFp4 MoE backend out of potential backends: ['FLASHINFER_CUTLASS']"
     chosen = kernelpath.Chosen(kind="moe", expected=("FLASHINFER_CUTLASS",), found=(("FLASHINFER_CUTLASS", line),))
-    moe = VerifyResult(image=LOCAL, model="moe-nvfp4", check="moe-nvfp4", startup_s=30.0, answers=(answer,), kernels=(chosen,))
-    (path.parent / "checks" / "moe-nvfp4").mkdir(parents=True)
-    (path.parent / "checks" / "moe-nvfp4" / "verify.json").write_text(json.dumps(moe.to_json(), indent=2))
+    results = {
+        path: VerifyResult(image=LOCAL, model="alphabet", check="alphabet", startup_s=21.5, answers=(answer,), benchmark=bench),
+        path.parent / "checks" / "moe-nvfp4" / "verify.json": VerifyResult(
+            image=LOCAL, model="moe-nvfp4", check="moe-nvfp4", startup_s=30.0, answers=(answer,), kernels=(chosen,)
+        ),
+    }
+    log = f"INFO vLLM API server version 0.33.0\nINFO {line}\n".encode()
+    for where, result in results.items():
+        where.parent.mkdir(parents=True, exist_ok=True)
+        (where.parent / verify.SERVER_LOG).write_bytes(log)
+        tied = dataclasses.replace(result, vllm_version="0.33.0", image_id=image_id, server_log_sha256=verify.log_digest(log))
+        where.write_text(json.dumps(tied.to_json(), indent=2))
 
 
 def test_publish_attaches_sbom_provenance_and_verify_that_match_the_image(
     engine: Engine, image: str, registry: Registry, spark_plan: plan.TargetPlan, tmp_path: Path
 ) -> None:
-    recorded_verify(tmp_path / "verify.json")
+    recorded_verify(tmp_path / "verify.json", str(engine.inspect(image)["Id"]))
     evidence = evidence_in(tmp_path, image, spark_plan)
     done = publish.push(engine, registry, spark_plan, image, evidence=evidence)
     repo = spark_plan.repository
@@ -184,13 +194,18 @@ def test_a_nightly_attaches_what_an_image_published_before_lacks(
     engine: Engine, image: str, registry: Registry, spark_plan: plan.TargetPlan, tmp_path: Path
 ) -> None:
     """An image published without documents (as before sparkbuild attached them) gets its SBOM and
-    provenance when a nightly finds it up to date; no verify result is in --out, so none is attached."""
+    provenance when a nightly finds it published, before its checks (none has a result attached, so
+    each is a check it gained) run on it. This image is no vLLM server: the checks fail (on a host
+    without a GPU, at the container's start), and the documents are attached all the same; no
+    verify result is."""
     done = publish.push(engine, registry, spark_plan, image)
     assert referrers.listed(registry, spark_plan.repository, done.digest) == []
     opts = Options.from_env(matrix=ROOT / "matrix.yaml", lock=tmp_path / "matrix.lock.json", out=tmp_path / "out")
     ctx = pipeline.Context(opts, registry, tmp_path / "work", {})
     run = pipeline.TargetRun(spark_plan)
-    assert pipeline.find_published(ctx, run) is False and run.status == pipeline.Status.UP_TO_DATE
+    with pytest.raises(FatalError):
+        pipeline.find_published(ctx, run)
+    assert run.new_checks == tuple(c.name for c in spark_plan.target.checks)
     kinds = sorted(a.kind for a in referrers.listed(registry, spark_plan.repository, done.digest))
     assert kinds == ["provenance", "sbom"]
 

@@ -235,7 +235,10 @@ def test_the_check_kinds_the_tiny_model_cannot_answer_fail_saying_what_it_answer
     assert "    q1 'A shop sells 57 coins on Monday and 16 more than that on Tue...': expected 130, answered ' " in done.err
     assert "  needles: 0/3 pass keys found, at 10%, 50%, 90% of a 128-token context" in done.err
     assert re.search(r"    at 90% \(token \d+ of 128\): expected pass key \d{5}, answered ' [a-z]", done.err), done.err
-    assert "burn_in" not in done.err and "long_generation" not in done.err
+    # The progress lines show every kind with its figure; the error names only the kinds that failed.
+    assert "burn_in: 20/20 answers right, 5 at a time [ok]" in done.err
+    error = done.err[done.err.index("error: ") :]
+    assert "burn_in" not in error and "long_generation" not in error
     result = json.loads((tmp_path / "r.json").read_text())
     assert not result["ok"] and all(a["ok"] for a in result["answers"])
     kinds = {k["kind"]: k for k in result["kinds"]}
