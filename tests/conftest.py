@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urljoin
@@ -16,12 +17,26 @@ from sparkbuild.config import options
 from sparkbuild.oci.engine import Engine
 from sparkbuild.oci.registry import Registry, embedded
 from sparkbuild.plan import matrix, plan
-from tests.support import ROOT
+from tests.support import ROOT, cli
 from tests.support import matrix as support_matrix
 from tests.support.matrix import MatrixWriter
 
 # Fixtures every test may use, wherever it lives: vLLM source trees and a real upstream of releases.
 pytest_plugins = ["tests.support.trees", "tests.support.upstream"]
+
+# A suite started in the background by a script (`.ci/run &`, nohup) inherits SIGINT ignored, and so
+# would every sparkbuild process it starts: the Ctrl-C tests' processes would then never see their
+# Ctrl-C. A handler here (not an ignore) gives each child the default again when it starts.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(autouse=True)
+def no_sparkbuild_left() -> Iterator[None]:
+    """A sparkbuild process a test started and left running (a failed assertion before its end) is
+    ended after the test, so it cannot fail the next one."""
+    yield
+    cli.end_started()
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from a seed, with no dataset download:
 - ``burn_in``: the check's own prompts, N requests at a concurrency; every answer right.
 - ``long_generation``: one greedy generation judged for degenerate repetition (runs, short loops).
 
-The judging functions are pure (tests/unit/test_checkkinds.py holds them to both sides of each rule);
+The judging functions are pure (tests/verify/test_checkkinds.py holds them to both sides of each rule);
 the rest asks the server. Each kind gives an ``Outcome``: whether it passed, its figure against its
 rule, and each item that went wrong. docs/check-kinds.md: the rules, why, and what only a runner
 serving the real models proves.

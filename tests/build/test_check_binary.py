@@ -5,7 +5,7 @@ The library users fear is vLLM's: every unit linked into one ``_C.abi3.so``, eac
 own arch list, so one kernel built only for ``sm_120a`` hides beside kernels built for ``sm_121a``.
 Here such a library is made for real (two units, two arch lists, one ``nvcc -shared``) and must fail
 naming the kernel and the library; a Hopper-only kernel beside good ones, PTX-only kernels and
-family (``sm_120f``) cubins must pass. Compiles are cached by content (tests/patches/nvcc.py), so
+family (``sm_120f``) cubins must pass. Compiles are cached by content (tests/support/nvcc.py), so
 a warm run compiles nothing.
 """
 

@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
 
@@ -56,12 +55,8 @@ def checked_already(engine: Engine, p: TargetPlan, image: str, matrix_file: Path
 class Run:
     """``sparkbuild ARGS`` in a new process; its stderr is read as it comes."""
 
-    # Every run started, so that a failing test leaves none behind (test_runs' own fixture ends them).
-    started: ClassVar[list[Run]] = []
-
     def __init__(self, *args: str, env: dict[str, str]) -> None:
         self.proc = cli.start(*args, env=env)
-        Run.started.append(self)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -92,20 +87,6 @@ class Run:
     @property
     def err(self) -> str:
         return "".join(self.lines)
-
-
-@pytest.fixture(autouse=True)
-def no_run_left() -> Iterator[None]:
-    """A run a failed assertion left going is continued (a stopped one), ended and reaped."""
-    yield
-    for run in Run.started:
-        if run.proc.poll() is None:
-            run.proc.send_signal(signal.SIGCONT)
-            run.proc.kill()
-        run.proc.wait(timeout=30)
-        if run.proc.stderr is not None:
-            run.proc.stderr.close()
-    Run.started.clear()
 
 
 def lock_holder(cache: Path) -> int | None:

@@ -54,10 +54,30 @@ def start(
     cwd: Path = ROOT,
     stdout: int | IO[str] | None = subprocess.DEVNULL,
 ) -> subprocess.Popen[str]:
-    """``sparkbuild ARGS`` left running, its stderr a pipe (stdout: discarded unless asked for)."""
-    return subprocess.Popen(
+    """``sparkbuild ARGS`` left running, its stderr a pipe (stdout: discarded unless asked for).
+    Each is ended after its test if the test left it running (``tests/conftest.py``)."""
+    proc = subprocess.Popen(
         [str(a) for a in (*COMMAND, *args)], env=environment(env, True), cwd=cwd, stdout=stdout, stderr=subprocess.PIPE, text=True
     )
+    STARTED.append(proc)
+    return proc
+
+
+# Every process ``start`` began, for the fixture that ends those a failing test left behind.
+STARTED: list[subprocess.Popen[str]] = []
+
+
+def end_started() -> None:
+    """End and reap each started process still running (a stopped one is continued first)."""
+    for proc in STARTED:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+        proc.wait(timeout=60)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+    STARTED.clear()
 
 
 def environment(env: Mapping[str, str] | None, inherit: bool) -> dict[str, str]:

@@ -4,7 +4,7 @@ their log statements cached beside them), and the gate run on log lines made fro
 statements (``sparkbuild.upstream.kernellogs``, ``sparkbuild.upstream.logcalls``): no CUDA log line here is typed by hand,
 only the values vLLM formats into its messages, each checked to be a name its source has.
 
-A release past THROUGH (tests/patches/conftest.py) fails here until a range of kernel-paths.yaml
+A release past THROUGH (tests/support/trees.py) fails here until a range of kernel-paths.yaml
 ends at it: the table is extended by reading the new release's statements, never assumed.
 """
 

@@ -2,7 +2,7 @@
 
 Both sides of each pass rule are held here on answers written to match or miss it: the tiny check models
 cannot do arithmetic or find a pass key, so the local image shows only the failing side of those two
-(tests/integration/test_kernel_gate.py), and a runner serving the real models the passing one
+(tests/verify/test_kernel_gate.py), and a runner serving the real models the passing one
 (docs/check-kinds.md). The burn-in and the long generation pass there on the alphabet model.
 """
 

@@ -216,7 +216,7 @@ def test_the_check_kinds_the_tiny_model_cannot_answer_fail_saying_what_it_answer
 ) -> None:
     """The alphabet model answers letters to word problems and to the pass-key question: arithmetic and
     needles fail for real, naming the kind, the item and the figure (their passing side is judged in
-    tests/unit/test_checkkinds.py and proven on the runner). The burn-in and the long generation pass:
+    tests/verify/test_checkkinds.py and proven on the runner). The burn-in and the long generation pass:
     20 answers right 5 at a time, and 120 tokens of its alphabet, a cycle of 26 different tokens."""
     body = (ROOT / "matrix.yaml").read_text()
     # Its 128-token context holds a question with no worked examples and an 8-token answer.
