@@ -7,22 +7,11 @@ from pathlib import Path
 import pytest
 
 from sparkbuild import patch
-from sparkbuild.errors import ConfigError
 from sparkbuild.plan import lock, matrix, plan
 from sparkbuild.resources import packaged
 from sparkbuild.util import host
 from tests.support import ROOT, cli
-from tests.support.matrix import CHECKS, LOCAL, LOCAL_PLATFORM, PATCH_YAML, MatrixWriter, local_id
-
-
-def error_of(path: Path) -> str:
-    with pytest.raises(ConfigError) as info:
-        matrix.load(path)
-    return str(info.value)
-
-
-def line_of(path: Path, needle: str) -> int:
-    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if needle in line)
+from tests.support.matrix import CHECKS, LOCAL, LOCAL_PLATFORM, PATCH_YAML, MatrixWriter, error_of, line_of, local_id
 
 
 def test_the_shipped_matrix_loads() -> None:

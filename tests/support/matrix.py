@@ -8,8 +8,10 @@ import textwrap
 from pathlib import Path
 from typing import Protocol
 
+import pytest
 import yaml
 
+from sparkbuild.errors import ConfigError
 from sparkbuild.plan import matrix
 from sparkbuild.util import host
 
@@ -100,3 +102,15 @@ def quick_checks(path: Path) -> Path:
             args.append("--enforce-eager")
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+def error_of(path: Path) -> str:
+    """The one ConfigError loading the matrix at ``path`` raises, as text."""
+    with pytest.raises(ConfigError) as info:
+        matrix.load(path)
+    return str(info.value)
+
+
+def line_of(path: Path, needle: str) -> int:
+    """The first line of ``path`` (from 1) holding ``needle``."""
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if needle in line)

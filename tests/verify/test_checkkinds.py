@@ -22,9 +22,8 @@ from sparkbuild.lanes import pipeline
 from sparkbuild.plan import matrix
 from sparkbuild.verify import checkkinds, verify
 from sparkbuild.verify.checkkinds import Question
-from tests.plan.test_matrix import error_of, line_of
 from tests.support import ROOT
-from tests.support.matrix import LOCAL, MatrixWriter
+from tests.support.matrix import LOCAL, MatrixWriter, error_of, line_of
 
 ARITHMETIC = matrix.Arithmetic(questions=50, seed=52148, shots=3, pass_fraction=0.8, max_tokens=16)
 LONG = matrix.LongGeneration(prompt="c d e f", tokens=120, max_run=32, window=64, min_distinct=8)
