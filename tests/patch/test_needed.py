@@ -3,14 +3,16 @@ with CUDA 12.9 and 13.0 (issue 31, item 4); the shipped matrix is held to it.
 
 cmake-arch-sm121's need is what vLLM's own CMake helpers (run by cmake) make of each unpatched
 release; e2m1-software's is the arch list; flashinfer-sinks-sm12x is not needed where upstream has
-its change; mxfp4-cutlass-sm12x where upstream's b12x backend serves MXFP4 MoE on SM12x. The
-releases each is needed on are pinned here, with the evidence docs/patches-needed.md cites.
+its change; mxfp4-cutlass-sm12x where upstream's b12x backend serves MXFP4 MoE on SM12x;
+nvfp4-moe-b12x-auto wherever that backend exists and automatic selection skips it. The releases
+each is needed on are pinned here, with the evidence docs/patches-needed.md cites.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -94,6 +96,23 @@ def test_mxfp4_cutlass_is_not_needed_once_upstreams_b12x_backend_serves_sm12x(
     assert 'B12X_MXFP4_MXFP8 = "B12X_MXFP4_MXFP8"' in (pristine("0.29.0") / rel).read_text().splitlines()[int(line) - 1]
     # 0.28.0 has the b12x extra but no b12x MoE backend for MXFP4: still needed there.
     assert "B12X" not in (pristine("0.28.0") / rel).read_text()
+
+
+def test_nvfp4_b12x_auto_is_needed_wherever_b12x_exists_outside_automatic_selection(
+    rows: list[releases.Row], pristine: TreeFactory
+) -> None:
+    """0.29.0 - 0.33.0 have NvFp4MoeBackend.B12X (PR #52018) and a selector list without it, for any
+    CUDA version (the change is Python); a build for no SM12x GPU does not need it."""
+    assert spans(rows, "nvfp4-moe-b12x-auto") == {"12.9": [("0.29.0", "0.33.0")], "13.0": [("0.29.0", "0.33.0")]}
+    said = why(rows, "0.33.0", "nvfp4-moe-b12x-auto", "13.0").why
+    found = re.search(r"\((vllm/[^):]+):(\d+)\)", said)
+    assert found, said
+    rel, line = found.groups()
+    assert rel == "vllm/model_executor/layers/fused_moe/oracle/nvfp4.py" and "issue #54666" in said
+    assert (pristine("0.33.0") / rel).read_text().splitlines()[int(line) - 1].strip() == "AVAILABLE_BACKENDS = ["
+    (p,) = patch.load(PATCHES, ("nvfp4-moe-b12x-auto",))
+    for arch_list, needed in (("12.1a", True), ("12.0f", True), ("9.0 10.0a", False)):
+        assert need.judge(p, "applies", "", pristine("0.33.0"), need.Build("13.0", arch_list)).needed is needed, arch_list
 
 
 def test_the_shipped_matrix_lists_a_patch_only_where_it_is_needed(every_tree: dict[str, Path]) -> None:
