@@ -23,7 +23,7 @@ from typing import Any
 
 from sparkbuild.errors import ToolMissingError
 from sparkbuild.models import training
-from sparkbuild.models.moe import reference, trained
+from sparkbuild.models.moe import recipe, reference, trained
 from sparkbuild.models.moe.recipe import MoeRecipe
 from sparkbuild.models.moe.task import Task
 from sparkbuild.util import log
@@ -150,18 +150,18 @@ def make(r: MoeRecipe, out: Path, base: Path) -> None:
     net = tf.AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16).eval()
     size = trained.parameters(net)  # counted before compression packs them
     before = reference.summary(reference.read(reference.Loaded(net=net, fast=fast, loader="bf16 base"), task))
-    recipe = modifier(targets="Linear", scheme=r.scheme, ignore=IGNORE)
+    quantization = modifier(targets="Linear", scheme=r.scheme, ignore=IGNORE)
     with training.one_thread():
         if r.scheme in CALIBRATED:
             oneshot(
                 model=net,
-                recipe=recipe,
+                recipe=quantization,
                 dataset=_calibration(fast, task),
                 num_calibration_samples=CALIBRATION_SAMPLES,
                 max_seq_length=32,
             )
         else:
-            oneshot(model=net, recipe=recipe)
+            oneshot(model=net, recipe=quantization)
         # llm-compressor's own quantize-dequantize forward: weights and activations as they will be served.
         simulated = reference.summary(reference.read(reference.Loaded(net=net.eval(), fast=fast, loader="llm-compressor"), task))
         log.info(
