@@ -92,6 +92,11 @@ def test_an_image_slower_in_every_decode_step_regresses_at_decode(
     gate = judged(measured, moe_baseline, check)
     assert gate.verdict == "regressed"
     assert ("decode", "tokens_per_s") in regressed(gate)
-    # Prefill runs no step where every request decodes: its TTFT did not move as decode did.
+    # Prefill runs no step where every request decodes: its TTFT did not move as decode did. Held as a
+    # ratio of the two slowdowns, not as a bound on prefill alone: a busy machine moves a few-ms TTFT by
+    # half and more (its baseline spread makes the gate call it too noisy), while a 20 ms sleep per step
+    # makes decode ten times slower and more.
     changes = {(c.scenario, c.figure): c.change for c in gate.changes}
-    assert changes[("decode", "tokens_per_s")] < -0.5 < changes[("prefill", "ttft_ms_p50")]
+    decode_slower = 1 / (1 + changes[("decode", "tokens_per_s")])  # tok/s: change = now / was - 1
+    prefill_slower = 1 - changes[("prefill", "ttft_ms_p50")]  # ms: change = 1 - now / was
+    assert decode_slower > 4 * prefill_slower, (decode_slower, prefill_slower)
