@@ -17,6 +17,7 @@ from sparkbuild import cli
 from sparkbuild.config.options import Options
 from sparkbuild.lanes import bisect
 from sparkbuild.plan import plan
+from sparkbuild.util import yamlsrc
 from tests.support import ROOT
 
 HEAVY = (
@@ -107,6 +108,13 @@ def test_only_a_stage_that_copies_the_patch_engine_derives_its_files(tmp_path: P
     (patched,) = plan.make(Options.from_env(matrix=tmp_path / "matrix.yaml"))
     assert derived == [True]
     assert any(name.startswith("sparkbuild/sparkbuild/patch/") for stage in patched.stages for name, _ in stage.rendered.files)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "sparkbuild" / "resources").glob("*.yaml")))
+def test_each_shipped_yaml_reads_as_pyyamls_own_parser_reads_it(name: str) -> None:
+    """Every run reads the shipped defaults and kernel paths, with libyaml's parser (a tenth of the time)."""
+    text = (ROOT / "sparkbuild" / "resources" / name).read_text()
+    assert yamlsrc.load_shipped(text) == yaml.safe_load(text)
 
 
 def test_bisect_stages_written_in_the_cli_are_bisects_own() -> None:
