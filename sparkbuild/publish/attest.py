@@ -47,12 +47,14 @@ class Evidence:
     verify: dict[str, Path]
     local: str
     started: datetime | None = None
+    # Where publishing the wheels remembers the stage images that hold none (``wheels.EMPTY``).
+    cache: Path | None = None
 
     @classmethod
     def of(cls, opts: Options, p: TargetPlan, local: str, started: datetime | None = None) -> Evidence:
         files = provenance.Files(matrix=opts.matrix, lock=opts.lock or lock.default_path(opts.matrix))
         results = layout.result_files(opts.out / p.id / "verify.json", p.target.checks)
-        return cls(files=files, verify=results, local=local, started=started)
+        return cls(files=files, verify=results, local=local, started=started, cache=opts.cache)
 
 
 def attach(engine: Callable[[], Engine], registry: Registry, p: TargetPlan, digest: str, evidence: Evidence) -> list[str]:
@@ -74,7 +76,7 @@ def attach(engine: Callable[[], Engine], registry: Registry, p: TargetPlan, dige
             if check not in verified and (result := _verify_result(engine, path, evidence.local)) is not None:
                 _attach(registry, p, digest, "verify", result, {CHECK: check})
                 made.append("verify" if check == p.target.check.name else f"verify ({check})")
-        if wheels.KIND not in have and wheels.publish(engine, registry, p, digest):
+        if wheels.KIND not in have and wheels.publish(engine, registry, p, digest, cache=evidence.cache):
             made.append(wheels.KIND)
     except (PublishError, EngineError) as exc:
         raise PublishError(
