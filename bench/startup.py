@@ -113,6 +113,8 @@ def machine() -> dict[str, object]:
         "cores": len(os.sched_getaffinity(0)),
         "memory_gb": round(memory, 1) if memory else None,
         "python": platform.python_version(),
+        # False under PYTHONDONTWRITEBYTECODE: every run compiles sparkbuild's own sources (tens of ms).
+        "bytecode_cached": not sys.flags.dont_write_bytecode,
         "load_average_1m": round(os.getloadavg()[0], 2),
     }
 

@@ -25,7 +25,6 @@ from sparkbuild.config import options
 from sparkbuild.config.options import Options
 from sparkbuild.errors import ConfigError, FatalError, VerifyError
 from sparkbuild.models import model
-from sparkbuild.patch.cli import patch_group
 from sparkbuild.util import log
 
 if TYPE_CHECKING:
@@ -72,7 +71,53 @@ def emit_json(data: object) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def patch_group() -> click.Group:
+    # Imported here for start-up: the patch group loads the release and sdist code (tens of ms) that
+    # only `sparkbuild patch ...` needs (tests/test_startup.py).
+    from sparkbuild.patch.cli import patch_group
+
+    return patch_group
+
+
+class LazyGroup(click.Group):
+    """A group whose ``lazy`` subgroups are imported only when one of them is run or asked for its
+    help: click's "Lazily Loading Subcommands" pattern. Its own ``--help`` lists each with the help
+    written here beside its loader, so listing imports none of them (tests/test_startup.py holds
+    that help equal to the subgroup's own)."""
+
+    def __init__(self, *args: Any, lazy: dict[str, tuple[Callable[[], click.Command], str]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = lazy
+        self._listing = False
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.lazy])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.lazy:
+            return super().get_command(ctx, cmd_name)
+        load, help_text = self.lazy[cmd_name]
+        # While the commands are listed, a stand-in with the same help gives the same line.
+        return click.Command(cmd_name, help=help_text) if self._listing else load()
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self._listing = True
+        try:
+            super().format_commands(ctx, formatter)
+        finally:
+            self._listing = False
+
+
+# Each lazy subgroup: its loader, and its help as its docstring says it.
+LAZY_GROUPS: dict[str, tuple[Callable[[], click.Command], str]] = {
+    "patch": (
+        patch_group,
+        "Check or apply patches/ on a vLLM source tree (an sdist or a git checkout); the support table.",
+    ),
+}
+
+
+@click.group(cls=LazyGroup, lazy=LAZY_GROUPS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="sparkbuild")
 def cli() -> None:
     """Build, patch, verify and publish vLLM images for the NVIDIA DGX Spark."""
@@ -528,7 +573,6 @@ def _verify_image(
 @waiting
 def publish_cmd(registry: str | None, unverified: bool, **kwargs: Any) -> None:
     """Push built images by digest, check the digest, attach SBOM, provenance and verify result, then move readable tags."""
-    from sparkbuild.build import build
     from sparkbuild.lanes import disk, pipeline
     from sparkbuild.oci.engine import Engine
     from sparkbuild.plan import plan
@@ -545,24 +589,21 @@ def publish_cmd(registry: str | None, unverified: bool, **kwargs: Any) -> None:
         todo = [p for p in plans if reg.digest(p.repository, p.content_tag) is None]
         disk.check(disk.needs(todo, opts.cache, engine_root=None, in_engine=engine.image_exists, registry_storage=storage))
         for p in plans:
-            evidence = attest.Evidence.of(opts, p, build.local_ref(p))
-            done = publish.push(
-                engine, reg, p, build.local_ref(p), verified=not unverified, evidence=evidence, signer=opts.signer
-            )
+            evidence = attest.Evidence.of(opts, p, p.local_ref)
+            done = publish.push(engine, reg, p, p.local_ref, verified=not unverified, evidence=evidence, signer=opts.signer)
             click.echo(f"{p.id}: {done.reference} ({', '.join(done.tags)}; {done.signature})")
 
 
 def require_verified(engine: Engine, opts: Options, p: plan.TargetPlan, unverified: bool) -> None:
     """A passing result of every check of the target, each tied to this image (``verify.tie``:
     its ID, its server's vLLM version and log), or --unverified."""
-    from sparkbuild.build import build
-    from sparkbuild.verify import verify
+    from sparkbuild.verify import layout, verify
 
     if unverified:
         return
-    local = build.local_ref(p)
+    local = p.local_ref
     inspected = engine.inspect(local)
-    files = verify.result_files(opts.out / p.id / "verify.json", p.target.checks)
+    files = layout.result_files(opts.out / p.id / "verify.json", p.target.checks)
     lacking = [
         f"{name} ({path}: {why})" for name, path in files.items() if (why := verify.tie(path, local, inspected)) is not None
     ]
@@ -764,9 +805,6 @@ def bisect_cmd(
         emit_json(result.to_json())
     else:
         click.echo(result.text())
-
-
-cli.add_command(patch_group)
 
 
 @cli.command("check-binary")

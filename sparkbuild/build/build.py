@@ -53,11 +53,6 @@ class BuildResult:
         return ", ".join(f"{s.name} {s.action}" for s in self.stages)
 
 
-def local_ref(plan: TargetPlan) -> str:
-    """The target's image: its last stage."""
-    return plan.stages[-1].ref
-
-
 def write_context(plan: TargetPlan, stage: StagePlan, folder: Path, root: Path) -> Path:
     """Lay out one stage's build context under ``root``: Dockerfile, the files it uses, the manifest, local wheels."""
     if folder.exists() or folder.is_symlink():
@@ -118,8 +113,8 @@ def build(
         if plan.target.compile == "rehearse":
             log.info(f"{plan.id}: rehearsal: no compiled extensions in the image; preflight checked the patched units")
         else:
-            check_binaries(engine, local_ref(plan), plan.target.gpu, opts.out / plan.id)
-    result = BuildResult(image=local_ref(plan), stages=tuple(outcomes), preflight=report)
+            check_binaries(engine, plan.local_ref, plan.target.gpu, opts.out / plan.id)
+    result = BuildResult(image=plan.local_ref, stages=tuple(outcomes), preflight=report)
     out = opts.out / plan.id
     out.mkdir(parents=True, exist_ok=True)
     (out / "stages.json").write_text(json.dumps([s.to_json() for s in outcomes], indent=2) + "\n")

@@ -12,10 +12,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal, get_args, overload
 
-import yaml
-
 from sparkbuild.errors import ConfigError
 from sparkbuild.resources import packaged
+from sparkbuild.util import yamlsrc
 from sparkbuild.util.net import check_address
 
 GIB = 1024**3
@@ -107,7 +106,7 @@ def env(name: str, default: str | None = None) -> str | None:
 @cache
 def defaults() -> dict[str, Any]:
     text = packaged.resource("defaults.yaml").read_text(encoding="utf-8")
-    data: dict[str, Any] = yaml.safe_load(text)
+    data: dict[str, Any] = yamlsrc.load_shipped(text)
     return data
 
 

@@ -22,9 +22,9 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sparkbuild import patch
-from sparkbuild.build import build, closure, preflight
 from sparkbuild.config.options import Options
 from sparkbuild.errors import FatalError, LaneFailed, PatchError, RegistryUnavailableError
 from sparkbuild.lanes import disk, doctor, summary
@@ -34,10 +34,16 @@ from sparkbuild.oci.registry import Registry, embedded
 from sparkbuild.plan import plan
 from sparkbuild.plan.matrix import Check, GitSource, Target
 from sparkbuild.plan.plan import TargetPlan
-from sparkbuild.publish import attest, baseline, publish
+from sparkbuild.publish import attest, publish
 from sparkbuild.upstream import kernelpath
 from sparkbuild.util import fsutil, log, runlock
-from sparkbuild.verify import benchmark, benchreport, regression, verify
+from sparkbuild.verify import layout
+
+# The stages that build, verify and judge speed are imported where a target reaches them: a nightly
+# with nothing to build loads none of them (tests/test_startup.py).
+if TYPE_CHECKING:
+    from sparkbuild.build import build, closure, preflight
+    from sparkbuild.verify import benchmark, regression, verify
 
 
 class Status(StrEnum):
@@ -120,7 +126,11 @@ class TargetRun:
     @property
     def speed_verdict(self) -> regression.Verdict | None:
         """What the checks' verdicts add up to (regressed where any regressed); None: none measured."""
-        return regression.overall([s.gate.verdict for s in self.speeds.values()]) if self.speeds else None
+        if not self.speeds:
+            return None
+        from sparkbuild.verify import regression
+
+        return regression.overall([s.gate.verdict for s in self.speeds.values()])
 
     def verify_text(self) -> str:
         if self.verified is not None and self.new_checks:
@@ -251,6 +261,8 @@ def unchecked(registry: Registry, p: TargetPlan, digest: str) -> tuple[Check, ..
 def check_published(ctx: Context, run: TargetRun, digest: str, checks: tuple[Check, ...]) -> None:
     """Run ``checks`` on the published image (pulled by digest where the engine lacks it), their
     results beside the target's others; judge the speed of those with ``bench``."""
+    from sparkbuild.verify import verify
+
     run.status = Status.VERIFYING
     run.new_checks = tuple(c.name for c in checks)
     target = run.plan.target
@@ -271,6 +283,8 @@ def preflight_build(ctx: Context, run: TargetRun) -> bool:
     (``sparkbuild.build.closure``), vLLM's own configure for the target's arch list, every unit's code audited
     for the GPU, and the patched units compiled and checked (``sparkbuild.build.preflight``). A failure stops
     the target here, naming the wheel or the units; a vLLM stage built earlier needs none."""
+    from sparkbuild.build import build, closure
+
     stage = build.preflighted_stage(run.plan)
     if stage is None or build.is_present(ctx.engine, ctx.registry, stage):
         return True
@@ -286,6 +300,8 @@ def preflight_build(ctx: Context, run: TargetRun) -> bool:
 
 
 def build_image(ctx: Context, run: TargetRun) -> bool:
+    from sparkbuild.build import build
+
     run.status = Status.BUILDING
     result = build.build(ctx.engine, run.plan, ctx.opts, ctx.registry, check_first=False)
     run.image, run.stages = result.image, result.stages
@@ -293,6 +309,8 @@ def build_image(ctx: Context, run: TargetRun) -> bool:
 
 
 def verify_image(ctx: Context, run: TargetRun) -> bool:
+    from sparkbuild.verify import verify
+
     assert run.image is not None
     run.status = Status.VERIFYING
     target = run.plan.target
@@ -317,6 +335,9 @@ def judge_all(ctx: Context, run: TargetRun) -> None:
 def judge_speed(ctx: Context, run: TargetRun, check: Check, measured: benchmark.Benchmark, folder: Path) -> Speed:
     """Compare a check's speed with its baseline (the target's last-good image's, else its
     lineage's); write the gate's answer (speed.json), the table and the plot beside its verify.json."""
+    from sparkbuild.publish import baseline
+    from sparkbuild.verify import benchreport, regression
+
     found = baseline.read(ctx.registry, run.plan, check.name)
     was = found.benchmark if found else None
     gate = regression.compare(
@@ -352,6 +373,11 @@ def publish_image(ctx: Context, run: TargetRun) -> bool:
 def attach_baselines(ctx: Context, run: TargetRun, digest: str) -> None:
     """Each benchmarked check's next baseline, attached to the published image (moved figure by
     figure: ``regression.next_baseline``)."""
+    if not run.speeds:
+        return
+    from sparkbuild.publish import baseline
+    from sparkbuild.verify import regression
+
     for speed in run.speeds.values():
         following = regression.next_baseline(speed.measured, speed.baseline, speed.gate)
         baseline.attach(ctx.registry, run.plan, digest, speed.check.name, following, referrers.created_now())
@@ -372,7 +398,7 @@ def regressed(run: TargetRun, *, held: bool) -> None:
 def evidence(ctx: Context, run: TargetRun) -> attest.Evidence:
     """What the documents are made from; the verify results are of ``run.image`` (the local build,
     or the published image a new check ran on)."""
-    return attest.Evidence.of(ctx.opts, run.plan, run.image or build.local_ref(run.plan), run.started)
+    return attest.Evidence.of(ctx.opts, run.plan, run.image or run.plan.local_ref, run.started)
 
 
 TARGET_STAGES: tuple[TargetStage, ...] = (
@@ -557,7 +583,7 @@ def checks_json(verified: verify.Verified) -> list[dict[str, object]]:
                 "ok": name in verified.results and not failed,
                 "skipped": verified.skipped.get(name),
                 "error": str(verified.failures[name]).splitlines()[0] if failed else None,
-                "log": str(folder / verify.SERVER_LOG) if failed and folder is not None else None,
+                "log": str(folder / layout.SERVER_LOG) if failed and folder is not None else None,
             }
         )
     return rows

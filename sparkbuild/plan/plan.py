@@ -12,7 +12,7 @@ import fnmatch
 import hashlib
 import json
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,6 +86,11 @@ class TargetPlan:
     @property
     def repository(self) -> str:
         return self.target.repository
+
+    @property
+    def local_ref(self) -> str:
+        """The target's image as built here: its last stage."""
+        return self.stages[-1].ref
 
     @property
     def unresolved(self) -> tuple[str, ...]:
@@ -344,7 +349,28 @@ def stage_hash(target: Target, stage: render.Rendered) -> str:
     return hashlib.sha256(json.dumps({**key, "digest": stage.digest()}, sort_keys=True).encode()).hexdigest()
 
 
-def resources(target: Target, patch_folders: Mapping[str, Path]) -> dict[str, render.Files]:
+class Resources(Mapping[str, render.Files]):
+    """Context files by name; those in ``later`` are made the first time a stage's ``file()`` asks
+    for them: deriving the patch engine's modules parses their source (tens of ms), and only a Spark
+    source stage copies them, so a local target's plan never pays for it."""
+
+    def __init__(self, ready: Mapping[str, render.Files], later: Mapping[str, Callable[[], render.Files]]) -> None:
+        self._made = dict(ready)
+        self._later = later
+
+    def __getitem__(self, name: str) -> render.Files:
+        if name not in self._made:
+            self._made[name] = self._later[name]()
+        return self._made[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict.fromkeys([*self._made, *self._later]))
+
+    def __len__(self) -> int:
+        return len(dict.fromkeys([*self._made, *self._later]))
+
+
+def resources(target: Target, patch_folders: Mapping[str, Path]) -> Resources:
     """Context files a stage can ask for with ``file()`` beyond its profile folder."""
     patch_files: list[tuple[str, bytes]] = []
     for name in target.patches:
@@ -355,17 +381,16 @@ def resources(target: Target, patch_folders: Mapping[str, Path]) -> dict[str, re
             # An upstream PR: its fetched files (by sha256, so the stage hash holds still) go with it,
             # and the source stage merges them without fetching.
             patch_files += [(f"patches/{name}/{rel}", data) for rel, data in pullrequest.materialized(folder, spec)]
-    # The patch engine as a source stage runs it: the modules sparkbuild.patch.bundle derives.
-    engine = [(f"sparkbuild/{path}", data) for path, data in patch_bundle.files()]
     # Standalone scripts of sparkbuild's that run in the image (standard library only).
     scripts = {name: ((name, Path(str(module.__file__)).read_bytes()),) for name, module in IMAGE_SCRIPTS.items()}
     serve = json.dumps(target.serve.defaults_json()).encode()
-    return {
-        "patches": tuple(patch_files),
-        "sparkbuild": tuple(engine),
-        "serve-defaults.json": (("serve-defaults.json", serve),),
-        **scripts,
-    }
+    ready = {"patches": tuple(patch_files), "serve-defaults.json": (("serve-defaults.json", serve),), **scripts}
+    return Resources(ready, later={"sparkbuild": engine_files})
+
+
+def engine_files() -> render.Files:
+    """The patch engine as a source stage runs it: the modules sparkbuild.patch.bundle derives."""
+    return tuple((f"sparkbuild/{path}", data) for path, data in patch_bundle.files())
 
 
 def labels(target: Target, base_identity: str, patches: dict[str, str], content_hash: str) -> dict[str, str]:

@@ -17,13 +17,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from sparkbuild.errors import ConfigError
 from sparkbuild.plan.matrix import Check
-from sparkbuild.util import host
+from sparkbuild.util import host, yamlsrc
 
 DATA = "cpu-serving.yaml"
 # The format of each model sparkbuild makes: "moe" is an unquantized MoE (its dtype decides the path).
@@ -151,7 +150,7 @@ def _version(text: str) -> Version | None:
 
 @cache
 def ranges() -> tuple[Range, ...]:
-    raw = yaml.safe_load((resources.files("sparkbuild") / "resources" / DATA).read_text())
+    raw = yamlsrc.load_shipped((resources.files("sparkbuild") / "resources" / DATA).read_text())
     found = []
     for i, entry in enumerate(raw["ranges"]):
         rules = []

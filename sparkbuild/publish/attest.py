@@ -22,7 +22,7 @@ from sparkbuild.plan import lock
 from sparkbuild.plan.plan import TargetPlan
 from sparkbuild.publish import provenance, wheels
 from sparkbuild.util import log
-from sparkbuild.verify import verify
+from sparkbuild.verify import layout
 
 if TYPE_CHECKING:
     from sparkbuild.config.options import Options
@@ -47,12 +47,14 @@ class Evidence:
     verify: dict[str, Path]
     local: str
     started: datetime | None = None
+    # Where publishing the wheels remembers the stage images that hold none (``wheels.EMPTY``).
+    cache: Path | None = None
 
     @classmethod
     def of(cls, opts: Options, p: TargetPlan, local: str, started: datetime | None = None) -> Evidence:
         files = provenance.Files(matrix=opts.matrix, lock=opts.lock or lock.default_path(opts.matrix))
-        results = verify.result_files(opts.out / p.id / "verify.json", p.target.checks)
-        return cls(files=files, verify=results, local=local, started=started)
+        results = layout.result_files(opts.out / p.id / "verify.json", p.target.checks)
+        return cls(files=files, verify=results, local=local, started=started, cache=opts.cache)
 
 
 def attach(engine: Callable[[], Engine], registry: Registry, p: TargetPlan, digest: str, evidence: Evidence) -> list[str]:
@@ -74,7 +76,7 @@ def attach(engine: Callable[[], Engine], registry: Registry, p: TargetPlan, dige
             if check not in verified and (result := _verify_result(engine, path, evidence.local)) is not None:
                 _attach(registry, p, digest, "verify", result, {CHECK: check})
                 made.append("verify" if check == p.target.check.name else f"verify ({check})")
-        if wheels.KIND not in have and wheels.publish(engine, registry, p, digest):
+        if wheels.KIND not in have and wheels.publish(engine, registry, p, digest, cache=evidence.cache):
             made.append(wheels.KIND)
     except (PublishError, EngineError) as exc:
         raise PublishError(
@@ -123,6 +125,10 @@ def _make(
 def _verify_result(engine: Callable[[], Engine], path: Path, local: str) -> tuple[bytes, str] | None:
     """A check's verify.json where it is tied to this image (``verify.tie``; a --unverified
     publish may have none)."""
+    # Imported here for start-up: the verify stage and what it loads are for a run that attaches a
+    # result; a nightly with nothing to build has every result attached (tests/test_startup.py).
+    from sparkbuild.verify import verify
+
     data = _json(path)
     if data is None or data.get("image") != local:
         log.info(f"  no verify result of {local} in {path}: none attached")

@@ -9,6 +9,11 @@ was built for: the target's GPU, arch list, CUDA, torch and platform, and the ar
 compile itself recorded. ``sparkbuild wheels IMAGE --out DIR`` fetches them into a folder that
 ``pip install --find-links DIR`` reads. The local profile builds no wheel (it installs vLLM's CPU
 wheel from PyPI, whose hash its SBOM lists), so nothing is attached for it.
+
+Which stage images hold no file in ``/wheels`` is kept in the cache by image ID (``EMPTY``): an
+image ID names its content, so that answer holds for good, and a target whose stages leave no
+wheel (the local profile's) does not create a container from each of them on every later run: a
+nightly with nothing to build creates none.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from sparkbuild.errors import PublishError
 from sparkbuild.oci import referrers
 from sparkbuild.oci.registry import Registry, file_digest
 from sparkbuild.plan.plan import STAGE_REPOSITORY, TargetPlan
-from sparkbuild.util import log
+from sparkbuild.util import fsutil, log
 
 if TYPE_CHECKING:
     from sparkbuild.oci.engine import Engine
@@ -43,6 +48,8 @@ SUMS = "SHA256SUMS"
 BUILD_ENV = "vllm-build-env.txt"
 REQUIREMENTS = "vllm-requirements.txt"
 ARCH_ANNOTATION = "io.sparkbuild.arch-list"
+# Under the cache: an empty file named by the image ID of each stage image whose /wheels holds no file.
+EMPTY = Path("wheels") / "empty"
 # A file name that is safe to write into the --out folder as it is.
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,254}")
 
@@ -108,14 +115,22 @@ class Collected:
         }
 
 
-def collect(engine: Engine, stages: Sequence[tuple[str, str]], into: Path, built_for: BuiltFor) -> Collected:
-    """Copy ``/wheels`` out of each stage image (name, ref) that has one, into ``into``; check it."""
+def collect(
+    engine: Engine, stages: Sequence[tuple[str, str]], into: Path, built_for: BuiltFor, *, empty: Path | None = None
+) -> Collected:
+    """Copy ``/wheels`` out of each stage image (name, ref) that has one, into ``into``; check it.
+    ``empty``: the folder that names the stage images known to hold no file there (``EMPTY``),
+    which are not read again, and where each one read and found so is named."""
     files: dict[str, File] = {}
     for stage, ref in stages:
-        folder = engine.copy_out(ref, FOLDER, into / stage, missing_ok=True)
-        if folder is None:
+        known = None if empty is None else empty / str(engine.inspect(ref)["Id"]).replace(":", "-")
+        if known is not None and known.is_file():
             continue
-        for path in sorted(p for p in folder.iterdir() if p.is_file()):
+        folder = engine.copy_out(ref, FOLDER, into / stage, missing_ok=True)
+        found = [] if folder is None else sorted(p for p in folder.iterdir() if p.is_file())
+        if not found and known is not None:
+            fsutil.write_text(known, "")
+        for path in found:
             if path.name in files:
                 raise PublishError(
                     f"{FOLDER}/{path.name} is in the stage images of both {files[path.name].stage} and {stage}: "
@@ -179,8 +194,9 @@ def attach(registry: Registry, repository: str, subject: str, collected: Collect
     )
 
 
-def publish(engine: Callable[[], Engine], registry: Registry, p: TargetPlan, digest: str) -> bool:
-    """Attach the wheels of ``p``'s stages to ``digest``; False where its stages made none."""
+def publish(engine: Callable[[], Engine], registry: Registry, p: TargetPlan, digest: str, *, cache: Path | None = None) -> bool:
+    """Attach the wheels of ``p``'s stages to ``digest``; False where its stages made none. With
+    ``cache``, a stage image known there to hold no file in /wheels is not read again."""
     stages = [(s.name, s.ref) for s in p.stages if not s.final]
     with tempfile.TemporaryDirectory(prefix="sparkbuild-wheels-") as tmp:
         present = [(name, ref) for name, ref in stages if _stage_image(engine(), registry, ref, p.target.platform)]
@@ -191,7 +207,8 @@ def publish(engine: Callable[[], Engine], registry: Registry, p: TargetPlan, dig
                 f"build the target again (`sparkbuild build --only {p.id}`), then publish to attach them"
             )
             return False
-        collected = collect(engine(), present, Path(tmp), BuiltFor.of(p.target))
+        empty = None if cache is None else cache / EMPTY
+        collected = collect(engine(), present, Path(tmp), BuiltFor.of(p.target), empty=empty)
         if not collected.wheels:
             log.info(f"{p.id}: no stage left a wheel in {FOLDER} (a local target installs vLLM's wheel from PyPI): none attached")
             return False

@@ -21,12 +21,12 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from sparkbuild.errors import ConfigError
 from sparkbuild.upstream import kernelpath, logcalls, sources
+from sparkbuild.util import yamlsrc
 
 # The statements of a release are cached beside its tree, for this version of the reader.
 CACHE = ".sparkbuild-log-statements.json"
@@ -77,7 +77,7 @@ def _files(globs: tuple[str, ...]) -> re.Pattern[str]:
 @cache
 def table_sources() -> dict[str, Source]:
     """The shipped ``sources:`` of ``kernel-paths.yaml``."""
-    return parse_sources(yaml.safe_load(kernelpath.raw_text()), kernelpath.DATA)
+    return parse_sources(yamlsrc.load_shipped(kernelpath.raw_text()), kernelpath.DATA)
 
 
 def parse_sources(data: Any, where: str) -> dict[str, Source]:

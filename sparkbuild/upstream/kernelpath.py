@@ -27,11 +27,11 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from sparkbuild.errors import ConfigError, VerifyError
+from sparkbuild.util import yamlsrc
 
 DATA = "kernel-paths.yaml"
 WHERE = f"sparkbuild/resources/{DATA}"
@@ -116,7 +116,7 @@ class Chosen:
 @cache
 def table() -> tuple[Range, ...]:
     """The shipped patterns (``sparkbuild/resources/kernel-paths.yaml``)."""
-    return parse(yaml.safe_load(raw_text()), DATA)
+    return parse(yamlsrc.load_shipped(raw_text()), DATA)
 
 
 def raw_text() -> str:

@@ -36,10 +36,9 @@ from sparkbuild.util import host, log
 from sparkbuild.util.net import free_port
 from sparkbuild.verify import checkkinds, checkmodel, numerics, probes, speed
 from sparkbuild.verify.benchmark import Benchmark
+from sparkbuild.verify.layout import SERVER_LOG, result_files
 
 MODEL_NAME = "sparkbuild-check"
-# The server's whole log, beside verify.json, pass or fail: what the kernel-path gate read.
-SERVER_LOG = "server.log"
 # Beside it when the check failed: the error, the request that failed and its response, and how
 # the server ended (exit code, signal, OOM kill).
 FAILURE = "failure.json"
@@ -179,14 +178,6 @@ def failed(exc: VerifyError, container: Container, check: Check, image: str, fol
     return VerifyError(
         f"{exc}\n  the server then: {state.text()}\n  its log: {folder / SERVER_LOG}\n  what failed: {folder / FAILURE}"
     )
-
-
-def result_files(first: Path, checks: Sequence[Check] | Sequence[str]) -> dict[str, Path]:
-    """Where each check's result goes: the target's first check's at ``first``; each further
-    check's in ``checks/<name>/`` beside it. Each folder has its server.log, and a benchmarked
-    check's its bench/, speed.json and plot."""
-    names = [c if isinstance(c, str) else c.name for c in checks]
-    return {name: first if i == 0 else first.parent / "checks" / name / first.name for i, name in enumerate(names)}
 
 
 def tie(result_file: Path, image: str, inspected: Mapping[str, Any]) -> str | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -145,8 +146,23 @@ def test_inspect_reaches_the_printed_reference_after_the_run_ended(nightly: Nigh
 def test_the_third_nightly_builds_and_serves_nothing(nightly: Nightlies) -> None:
     assert nightly.third_row["status"] == "up to date"
     assert nightly.third_row["digest"] == nightly.first_row["digest"]
-    for sign_of_work in ("==> Building", "docker build", "debootstrap", "docker run", "docker push"):
+    # No container either: the stage images' empty /wheels were read once (sparkbuild/publish/wheels.py).
+    for sign_of_work in ("==> Building", "docker build", "debootstrap", "docker run", "docker push", "docker create"):
         assert sign_of_work not in nightly.third.stderr
+
+
+def test_a_nightly_with_nothing_to_build_loads_no_stage_it_skips(nightly: Nightlies) -> None:
+    """Its path, not only its imports (tests/test_startup.py): the build and verify stages, the
+    speed gate's baselines and the patch commands are imported where a target needs them, so one
+    more nightly with nothing to do, under ``python -X importtime``, names none of them."""
+    done = sparkbuild(
+        "nightly", "--profile", "local", env=nightly.env, command=(sys.executable, "-X", "importtime", "-m", "sparkbuild")
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded = set(re.findall(r"^import time:.*\|\s+(sparkbuild\S*)$", done.stderr, re.MULTILINE))
+    assert "sparkbuild.lanes.pipeline" in loaded
+    stages = {m for m in loaded if m.startswith(("sparkbuild.build.", "sparkbuild.verify.")) and m != "sparkbuild.verify.layout"}
+    assert stages | ({"sparkbuild.publish.baseline", "sparkbuild.patch.cli", "sparkbuild.patch.releases"} & loaded) == set()
 
 
 def test_published_image_has_labels_manifest_and_tags(nightly: Nightlies, engine: Engine, cache: Path) -> None:

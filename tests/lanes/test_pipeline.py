@@ -16,7 +16,7 @@ from sparkbuild.oci.registry import Registry
 from sparkbuild.plan import plan
 from sparkbuild.upstream import kernelpath
 from sparkbuild.util import log
-from sparkbuild.verify import benchmark, benchreport, regression, verify
+from sparkbuild.verify import benchmark, benchreport, layout, regression, verify
 from sparkbuild.verify.verify import Answer, VerifyResult
 from tests.support import DATA, ROOT
 from tests.support.matrix import local_id
@@ -236,7 +236,7 @@ def test_a_target_with_several_checks_shows_each_and_fails_naming_each_that_fail
 
 def test_each_further_check_writes_its_result_in_its_own_folder(tmp_path: Path) -> None:
     (p,) = plan.make(Options.from_env(matrix=ROOT / "matrix.yaml", profile="local"))
-    files = verify.result_files(tmp_path / "verify.json", p.target.checks)
+    files = layout.result_files(tmp_path / "verify.json", p.target.checks)
     assert files == {"alphabet": tmp_path / "verify.json", "moe-alphabet": tmp_path / "checks" / "moe-alphabet" / "verify.json"}
 
 

@@ -23,7 +23,7 @@ from sparkbuild.oci.registry import embedded
 from sparkbuild.plan import plan
 from sparkbuild.plan.plan import TargetPlan
 from sparkbuild.publish import attest, provenance, publish
-from sparkbuild.verify import verify
+from sparkbuild.verify import layout, verify
 from tests.support import ROOT, cli
 from tests.support.matrix import CHECKS, local_target
 
@@ -45,7 +45,7 @@ def plan_of(path: Path, cache: Path, out: Path) -> TargetPlan:
 def checked_already(engine: Engine, p: TargetPlan, image: str, matrix_file: Path, folder: Path) -> attest.Evidence:
     """Evidence whose every check's result says it was skipped (this stand-in image serves nothing):
     attached, it counts as the check's result, so a nightly finds nothing to run on the image."""
-    files = verify.result_files(folder / "verify.json", p.target.checks)
+    files = layout.result_files(folder / "verify.json", p.target.checks)
     identity = str(engine.inspect(image)["Id"])
     for check in p.target.checks:
         verify.write_skipped(files[check.name], check, image, identity, "the run-lock test's stand-in image serves nothing")

@@ -30,7 +30,7 @@ from sparkbuild.oci.registry import Registry
 from sparkbuild.plan import plan
 from sparkbuild.publish import attest, provenance, publish, sbom
 from sparkbuild.upstream import kernelpath
-from sparkbuild.verify import benchmark, verify
+from sparkbuild.verify import benchmark, layout, verify
 from sparkbuild.verify.verify import Answer, VerifyResult
 from tests.publish.test_documents import pinned_spark_plan
 from tests.support import DATA, ROOT
@@ -89,7 +89,7 @@ def recorded_verify(path: Path, image_id: str) -> None:
     log = f"INFO vLLM API server version 0.33.0\nINFO {line}\n".encode()
     for where, result in results.items():
         where.parent.mkdir(parents=True, exist_ok=True)
-        (where.parent / verify.SERVER_LOG).write_bytes(log)
+        (where.parent / layout.SERVER_LOG).write_bytes(log)
         tied = dataclasses.replace(result, vllm_version="0.33.0", image_id=image_id, server_log_sha256=verify.log_digest(log))
         where.write_text(json.dumps(tied.to_json(), indent=2))
 
@@ -134,7 +134,7 @@ def test_publish_attaches_sbom_provenance_and_verify_that_match_the_image(
 def evidence_in(tmp_path: Path, image: str, p: plan.TargetPlan) -> attest.Evidence:
     """The shipped matrix, the test's lock, the verify result (where the test wrote one) in ``tmp_path``."""
     files = provenance.Files(matrix=ROOT / "matrix.yaml", lock=tmp_path / "matrix.lock.json")
-    return attest.Evidence(files=files, verify=verify.result_files(tmp_path / "verify.json", p.target.checks), local=image)
+    return attest.Evidence(files=files, verify=layout.result_files(tmp_path / "verify.json", p.target.checks), local=image)
 
 
 def check_sbom(engine: Engine, image: str, document: dict[str, Any], p: plan.TargetPlan) -> None:

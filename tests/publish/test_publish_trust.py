@@ -29,7 +29,6 @@ from typing import Any
 import pytest
 import yaml
 
-from sparkbuild.build import build
 from sparkbuild.config import options
 from sparkbuild.oci.engine import Engine
 from sparkbuild.plan import plan
@@ -81,7 +80,7 @@ def setup(engine: Engine, local_image: str, cache: Path, tmp_path_factory: pytes
     matrix = team_matrix(folder, ["alphabet"])
     out = folder / "out"
     (p,) = plan.make(options.Options.from_env(matrix=matrix, cache=cache, out=out))
-    image = build.local_ref(p)
+    image = p.local_ref
     # The shipped image under this test's own name: its tag is this test's to move.
     engine.tag(local_image, REPOSITORY, p.content_tag)
     env = {"SPARKBUILD_CACHE": str(cache), "SPARKBUILD_OUT": str(out), "SPARKBUILD_REGISTRY": "", "SPARKBUILD_DATE": "20261121"}
