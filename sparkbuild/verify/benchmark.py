@@ -200,9 +200,10 @@ class Figures:
     itl_ms_p50: float
     itl_ms_p99: float
     # Output tokens/s of one request while it decodes: 1000 / TPOT p50 (vLLM's TPOT, in other units).
-    # None where the stream shows no decode: ITL p50 below one engine step means the tokens reached
-    # the client in bursts (the API server fell behind the engine and merged them: a small model on
-    # a few CPU cores), so TPOT times the bursts, not the decode.
+    # None where the stream shows no decode: ITL p50 or TPOT p50 below one engine step means the tokens
+    # reached the client in bursts (the API server fell behind the engine and merged them: a small model
+    # on a few CPU cores), so TPOT times the bursts, not the decode. TPOT alone shows it where most
+    # requests' few output tokens (prefill's 4) came in one event: ITL counts each event's gap once.
     tokens_per_s_per_request: float | None
     # vLLM's output_throughput: every output token over the run's duration.
     tokens_per_s: float
@@ -238,8 +239,9 @@ def parse(data: Any, where: str) -> Figures:
         errors = [e for e in data.get("errors") or () if e][:3]
         raise VerifyError(f"{where}: {data['failed']} request(s) failed, {data['completed']} completed: {errors}")
     values = {field: round(float(data[key]), 4) for field, key in KEYS.items()}
-    tpot, bursts = values["tpot_ms_p50"], values["itl_ms_p50"] < MIN_STEP_MS
-    per_request = None if bursts or tpot <= 0 else round(1000.0 / tpot, 3)
+    tpot = values["tpot_ms_p50"]
+    bursts = values["itl_ms_p50"] < MIN_STEP_MS or tpot < MIN_STEP_MS
+    per_request = None if bursts else round(1000.0 / tpot, 3)
     return Figures(**values, tokens_per_s_per_request=per_request, requests=int(data["completed"]))
 
 

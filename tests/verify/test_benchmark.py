@@ -131,6 +131,17 @@ def test_tokens_in_bursts_leave_the_per_request_rate_unmeasured() -> None:
     assert f.tokens_per_s_per_request is None
 
 
+def test_a_requests_tokens_in_one_event_leave_the_per_request_rate_unmeasured() -> None:
+    """TPOT p50 below one engine step with ITL p50 at a step: most requests' few output tokens came in
+    one server-sent event (ITL counts that event's gap once, TPOT divides no time by the tokens). Seen
+    in a prefill level at c=2 on 2 cores: 1000 / 0.0049 ms read as 204,082 tok/s per request."""
+    data = json.loads((BENCH / "decode-c2.json").read_text())
+    data.update(p50_tpot_ms=0.0049, p99_tpot_ms=12.0)
+    f = benchmark.parse(data, "prefill-c2-r1")
+    assert f.itl_ms_p50 >= benchmark.MIN_STEP_MS and f.tokens_per_s_per_request is None
+    assert benchmark.inconsistencies(f, 2) == []
+
+
 def test_an_aggregate_beyond_c_streams_at_their_own_rate_is_inconsistent() -> None:
     f = benchmark.read(BENCH / "decode-c2.json")  # 100 tok/s per request
     assert benchmark.inconsistencies(f, 2) == []
