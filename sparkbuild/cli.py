@@ -286,6 +286,9 @@ def rehearse_cmd(matrix: Path | None, only: tuple[str, ...], lock: Path | None, 
     "--rehearsal", is_flag=True, help="Build Spark targets as `sparkbuild rehearse` does (this machine's platform and bases)."
 )
 @click.option("--offline", is_flag=True, help="With --rehearsal: sources from PyPI sdists and marked stand-ins (no GitHub).")
+@click.option(
+    "--stage", "stages", multiple=True, metavar="NAME", help="Only this stage and those it needs (repeatable; default: all)."
+)
 @click.option("--keep", is_flag=True, help="Keep the two builds' images (sparkbuild/reproduce:...) instead of removing them.")
 @click.option(
     "--json", "as_json", is_flag=True, help="Print every finding as JSON (also in sparkbuild-out/<target>/reproduce.json)."
@@ -298,6 +301,7 @@ def reproduce_cmd(
     lock: Path | None,
     rehearsal: bool,
     offline: bool,
+    stages: tuple[str, ...],
     keep: bool,
     as_json: bool,
     no_wait: bool,
@@ -311,7 +315,7 @@ def reproduce_cmd(
     if offline and not rehearsal:
         raise ConfigError("--offline takes the rehearsal's sources: give --rehearsal with it")
     opts = make_options(matrix=matrix, only=(*targets, *only), lock=lock, no_wait=no_wait)
-    results = reproduce.reproduce(opts, rehearsal=rehearsal, offline_sources=offline, keep=keep)
+    results = reproduce.reproduce(opts, rehearsal=rehearsal, offline_sources=offline, keep=keep, stages=stages)
     text = reproduce.table(results)
     log.step_summary(f"## sparkbuild reproduce\n\n```\n{text}\n```")
     if as_json:

@@ -287,6 +287,7 @@ class Apart:
     these (its stage arguments), and no compile cache where a stage declares ``CCACHE_DISABLE``.
     Cache mounts of downloads (pip's) stay; the bases are inputs, made once by content."""
 
+    # Each stage built, with its tag; a stage's earlier stages must be among them.
     tags: Mapping[str, str]
     logs: Path
 
@@ -298,11 +299,12 @@ class Apart:
 
 
 def build_apart(engine: Engine, plan: TargetPlan, opts: Options, apart: Apart) -> tuple[StageOutcome, ...]:
-    """Build every stage of ``plan`` anew (``Apart``); the content-addressed images are neither made nor moved."""
+    """Build each stage of ``plan`` that ``apart`` tags, anew (``Apart``); the content-addressed images
+    are neither made nor moved."""
     require_resolved(plan)
     ensure_bases(engine, plan, opts)
     outcomes = []
-    for stage in plan.stages:
+    for stage in (s for s in plan.stages if s.name in apart.tags):
         start = time.monotonic()
         build_stage(engine, plan, stage, opts, apart=apart)
         outcomes.append(

@@ -318,26 +318,28 @@ def _add(inventory: Inventory, tar: tarfile.TarFile, member: tarfile.TarInfo) ->
 def _read_file(inventory: Inventory, path: str, data: IO[bytes], size: int) -> tuple[str, bytes, Pyc | None]:
     """Hash a file as it streams past; keep what the comparison reads again (records, wheels)."""
     wheel = path.startswith(WHEEL_FOLDER) and path.endswith(".whl")
-    keep = (kept(path) and size <= RECORD_LIMIT) or wheel
-    with tempfile.SpooledTemporaryFile(max_size=WHEEL_IN_MEMORY) as copy:
-        head = data.read(16)
-        digest = hashlib.sha256(head)
-        code = hashlib.sha256()
-        if keep:
-            copy.write(head)
+    head = data.read(16)
+    digest = hashlib.sha256(head)
+    # A .pyc's code after its 16-byte header, hashed apart: the header alone may differ.
+    code = hashlib.sha256() if path.endswith(".pyc") else None
+    if not (wheel or (kept(path) and size <= RECORD_LIMIT)):
         for chunk in _chunks(data):
             digest.update(chunk)
-            code.update(chunk)
-            if keep:
-                copy.write(chunk)
+            if code is not None:
+                code.update(chunk)
+        return digest.hexdigest(), head[:4], None if code is None else Pyc.of(head, code.hexdigest())
+    with tempfile.SpooledTemporaryFile(max_size=WHEEL_IN_MEMORY) as copy:
+        copy.write(head)
+        for chunk in _chunks(data):
+            digest.update(chunk)
+            copy.write(chunk)
         sha256 = digest.hexdigest()
         copy.seek(0)
         if wheel:
             inventory.wheels[path] = read_wheel(path, sha256, copy)
-        elif keep:
+        else:
             inventory.records[path] = copy.read()
-    pyc = Pyc.of(head, code.hexdigest()) if path.endswith(".pyc") else None
-    return sha256, head[:4], pyc
+    return sha256, head[:4], None
 
 
 def _chunks(data: IO[bytes]) -> Iterator[bytes]:

@@ -31,12 +31,12 @@ from typing import Any, Literal
 
 from sparkbuild.build import build, compare, inventory
 from sparkbuild.config.options import Options
-from sparkbuild.errors import BuildError, EngineError, FatalError
+from sparkbuild.errors import BuildError, ConfigError, EngineError, FatalError
 from sparkbuild.lanes import disk, doctor, rehearse
 from sparkbuild.oci.engine import Engine
 from sparkbuild.plan import base_recipe, plan
 from sparkbuild.plan.matrix import Matrix, Target
-from sparkbuild.plan.plan import TargetPlan
+from sparkbuild.plan.plan import StagePlan, TargetPlan
 from sparkbuild.upstream import gitrepo
 from sparkbuild.util import log, runlock
 
@@ -110,6 +110,8 @@ class Reproduction:
     # Why the builds made no wheel, where they made none.
     no_wheels: str | None = None
     swapped: list[str] = field(default_factory=list)
+    # The stages not built (--stage chose others).
+    skipped: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
     error: str | None = None
     seconds: float = 0.0
@@ -129,6 +131,7 @@ class Reproduction:
             "caches_kept": self.caches,
             "no_wheels": self.no_wheels,
             "swapped": self.swapped,
+            "not_built": self.skipped,
             "stages": [s.to_json() for s in self.stages],
             "kept_images": self.kept,
             "error": self.error,
@@ -142,6 +145,8 @@ class Reproduction:
             lines.append("  rehearsal (the runner builds these as the matrix says): " + "; ".join(self.swapped))
         lines += [f"  not rebuilt: {line}" for line in self.not_rebuilt]
         lines += [f"  cache kept: {line}" for line in self.caches]
+        if self.skipped:
+            lines.append(f"  not built (--stage): {', '.join(self.skipped)}")
         if self.no_wheels:
             lines.append(f"  wheels: none built ({self.no_wheels})")
         for stage in self.stages:
@@ -153,11 +158,14 @@ class Reproduction:
         return "\n".join(lines)
 
 
-def reproduce(opts: Options, *, rehearsal: bool, offline_sources: bool, keep: bool) -> list[Reproduction]:
+def reproduce(
+    opts: Options, *, rehearsal: bool, offline_sources: bool, keep: bool, stages: tuple[str, ...] = ()
+) -> list[Reproduction]:
     """Build each selected target twice without cache and compare; each writes its reproduce.json.
 
     With ``rehearsal``, a Spark target is built as ``sparkbuild rehearse`` builds it (with
-    ``offline_sources``, from the git daemon's stand-ins). A failing build stops the run with its own error."""
+    ``offline_sources``, from the git daemon's stand-ins); with ``stages``, only those stages and the
+    earlier ones they need. A failing build stops the run with its own error."""
     m = plan.load_matrix(opts)
     mode: Mode = "rehearsal" if rehearsal else "build"
     targets: tuple[Target | TargetPlan, ...] = rehearse.rehearsable(m, opts) if rehearsal else plan.plan_lane(m, opts)
@@ -166,7 +174,8 @@ def reproduce(opts: Options, *, rehearsal: bool, offline_sources: bool, keep: bo
         # As `sparkbuild rehearse`, a rehearsal is not held to the runner's stage sizes.
         plans = [t for t in targets if isinstance(t, TargetPlan)]
         doctor.require([p.target for p in plans], opts, registry=False, gpu=False)
-        disk.check(disk.rebuilds(plans, opts.cache, engine_root=disk.engine_root(engine.client.info())))
+        built = [(p, s) for p in plans for s in chosen(p, stages)]
+        disk.check(disk.rebuilds(built, opts.cache, engine_root=disk.engine_root(engine.client.info())))
     results = []
     with ExitStack() as stack:
         stack.enter_context(runlock.run(opts.cache, wait=opts.wait))
@@ -177,7 +186,7 @@ def reproduce(opts: Options, *, rehearsal: bool, offline_sources: bool, keep: bo
             with log.step(f"Reproducing {item.id}: two builds without cache"):
                 try:
                     p = item if isinstance(item, TargetPlan) else _rehearsal_plan(m, item, opts, url, result)
-                    _one(engine, p, opts, keep, result)
+                    _one(engine, p, opts, keep, result, chosen(p, stages))
                 finally:
                     write(result, opts.out / result.target)
     return results
@@ -199,12 +208,26 @@ def write(result: Reproduction, folder: Path) -> Path:
     return path
 
 
-def _one(engine: Engine, p: TargetPlan, opts: Options, keep: bool, result: Reproduction) -> None:
+def chosen(p: TargetPlan, wanted: tuple[str, ...]) -> list[StagePlan]:
+    """The stages to build: those ``wanted`` (all where none is) and every earlier stage they need."""
+    names = [s.name for s in p.stages]
+    unknown = [w for w in wanted if w not in names]
+    if unknown:
+        raise ConfigError(f"--stage {', '.join(unknown)}: {p.id} has no such stage; its stages: {', '.join(names)}")
+    needed = set(wanted or names)
+    for stage in reversed(p.stages):
+        if stage.name in needed:
+            needed.update(stage.rendered.needs)
+    return [s for s in p.stages if s.name in needed]
+
+
+def _one(engine: Engine, p: TargetPlan, opts: Options, keep: bool, result: Reproduction, stages: list[StagePlan]) -> None:
     start = time.monotonic()
     result.not_rebuilt = inputs(p)
     result.caches = caches(p)
+    result.skipped = [s.name for s in p.stages if s not in stages]
     token = secrets.token_hex(4)
-    runs = [{s.name: f"{REPOSITORY}:{p.id}-{token}-{run}-{s.name}" for s in p.stages} for run in (1, 2)]
+    runs = [{s.name: f"{REPOSITORY}:{p.id}-{token}-{run}-{s.name}" for s in stages} for run in (1, 2)]
     try:
         for run, tags in enumerate(runs, 1):
             result.status = f"building ({run} of 2)"
@@ -214,7 +237,7 @@ def _one(engine: Engine, p: TargetPlan, opts: Options, keep: bool, result: Repro
             result.builds.append({"run": run, "stages": tags, "seconds": round(time.monotonic() - began, 1)})
         result.status = "comparing"
         with tempfile.TemporaryDirectory(prefix="sparkbuild-reproduce-") as scratch:
-            for stage in p.stages:
+            for stage in stages:
                 pair = (runs[0][stage.name], runs[1][stage.name])
                 result.stages.append(compare_stage(engine, stage.name, pair, Path(scratch)))
         result.no_wheels = no_wheels(p, result.stages)

@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 
 from sparkbuild.config.options import Options
-from sparkbuild.errors import BuildError, NotReproducible
+from sparkbuild.build import build
+from sparkbuild.errors import BuildError, ConfigError, NotReproducible
+from sparkbuild.lanes import reproduce
 from sparkbuild.lanes.reproduce import REPOSITORY
 from sparkbuild.oci.engine import Engine
 from sparkbuild.plan import plan
@@ -170,3 +172,20 @@ def test_a_target_must_be_named_and_offline_is_the_rehearsals() -> None:
     assert result.returncode == 2 and "name the target(s) to build twice" in result.stderr
     result = cli.run("reproduce", "some-target", "--offline", env={})
     assert result.returncode == 2 and "give --rehearsal with it" in result.stderr
+
+
+def test_a_stage_is_built_with_the_earlier_stages_it_needs_and_no_other() -> None:
+    (p,) = plan.make(Options.from_env(matrix=ROOT / "matrix.yaml", only=("vllm-0.33.0-cu130-sm121",)))
+    assert [s.name for s in p.stages] == ["flashinfer", "vllm", "runtime"]
+    assert [s.name for s in reproduce.chosen(p, ("vllm",))] == ["vllm"]
+    assert [s.name for s in reproduce.chosen(p, ("runtime",))] == ["flashinfer", "vllm", "runtime"]
+    assert [s.name for s in reproduce.chosen(p, ())] == ["flashinfer", "vllm", "runtime"]
+    with pytest.raises(
+        ConfigError, match="--stage wheel: vllm-0.33.0-cu130-sm121 has no such stage; its stages: flashinfer, vllm"
+    ):
+        reproduce.chosen(p, ("wheel",))
+    # Only the stages that compile through ccache get it switched off.
+    tags = {s.name: f"t-{s.name}" for s in p.stages}
+    apart = build.Apart(tags=tags, logs=Path("logs"))
+    assert [build.CCACHE_OFF.items() <= apart.stage_args(p, s).items() for s in p.stages] == [True, True, False]
+    assert apart.stage_args(p, p.stages[-1]) == {"SPARKBUILD_STAGE_FLASHINFER": "t-flashinfer", "SPARKBUILD_STAGE_VLLM": "t-vllm"}
