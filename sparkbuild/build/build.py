@@ -252,7 +252,7 @@ def build_stage(
     tag = stage.ref if apart is None else apart.tags[stage.name]
     args = {**plan.build_args(), **stage_args(plan, stage, registry)}
     if apart is not None:
-        args.update(apart.stage_args(plan, stage))
+        args.update(apart.stage_args(stage))
     log_file = (opts.out / plan.id if apart is None else apart.logs) / f"build-{stage.name}.log"
     with log.step(f"Building stage {stage.name} of {plan.id}{'' if apart is None else ' without cache'}: {tag}"):
         try:
@@ -276,26 +276,21 @@ def build_stage(
 
 # --- a build apart: every stage anew, under tags of its own (sparkbuild reproduce) -------------------
 
-# Declared by the stages that compile through ccache: given, ccache compiles every unit anew.
-CCACHE_OFF = {"CCACHE_DISABLE": "1"}
-
 
 @dataclass(frozen=True, kw_only=True)
 class Apart:
-    """A build of every stage of a target anew: BuildKit's layer cache off (``--no-cache``), each
-    stage tagged ``tags[stage]`` and never its content-addressed reference, a later stage built FROM
-    these (its stage arguments), and no compile cache where a stage declares ``CCACHE_DISABLE``.
-    Cache mounts of downloads (pip's) stay; the bases are inputs, made once by content."""
+    """A build of every stage of a target anew: BuildKit's layer cache off (``--no-cache``, which
+    also gives every cache mount, pip's, apt's and ccache's, as a new empty one), each stage tagged
+    ``tags[stage]`` and never its content-addressed reference, a later stage built FROM these (its
+    stage arguments). The bases are inputs, made once by their content."""
 
     # Each stage built, with its tag; a stage's earlier stages must be among them.
     tags: Mapping[str, str]
     logs: Path
 
-    def stage_args(self, plan: TargetPlan, stage: StagePlan) -> dict[str, str]:
-        args = {render.stage_arg(n): self.tags[n] for n in stage.rendered.needs}
-        if "ARG CCACHE_DISABLE" in stage.rendered.dockerfile:
-            args.update(CCACHE_OFF)
-        return args
+    def stage_args(self, stage: StagePlan) -> dict[str, str]:
+        """The earlier stages ``stage`` is built FROM: this build's."""
+        return {render.stage_arg(n): self.tags[n] for n in stage.rendered.needs}
 
 
 def build_apart(engine: Engine, plan: TargetPlan, opts: Options, apart: Apart) -> tuple[StageOutcome, ...]:

@@ -122,7 +122,9 @@ class Files:
 
     compared: int
     identical: int
+    # Paths that differ in their modification time alone: files and links first, then folders.
     mtime_only: list[str]
+    mtime_folders: int
     differences: list[Difference]
 
     @property
@@ -133,14 +135,14 @@ class Files:
         return {
             "compared": self.compared,
             "identical": self.identical,
-            "mtime_only": {"count": len(self.mtime_only), "paths": self.mtime_only},
+            "mtime_only": {"count": len(self.mtime_only), "folders": self.mtime_folders, "paths": self.mtime_only},
             "differences": {cause: [d.to_json() for d in items] for cause, items in grouped(self.differences).items()},
         }
 
     def lines(self) -> list[str]:
         head = f"{self.compared} path(s): {self.identical} identical, {len(self.mtime_only)} differ in mtime only"
         if self.mtime_only:
-            head += f" (e.g. {', '.join(self.mtime_only[:3])})"
+            head += f" ({self.mtime_folders} of them folders; e.g. {', '.join(self.mtime_only[:3])})"
         head += f", {len(self.differences)} differ" + (":" if self.differences else "")
         return [head, *("  " + line for line in group_lines(self.differences))]
 
@@ -148,7 +150,9 @@ class Files:
 def compare_files(first: Inventory, second: Inventory) -> Files:
     """Every path of either file system: identical, different in mtime alone, or a Difference whose
     cause is what the inventories tell (a .pyc's header, a log's path); ``explain`` refines the rest."""
-    identical, mtime_only, differences = 0, [], []
+    identical, differences = 0, []
+    mtime_files: list[str] = []
+    mtime_folders: list[str] = []
     paths = sorted(first.entries.keys() | second.entries.keys())
     for path in paths:
         a, b = first.entries.get(path), second.entries.get(path)
@@ -164,10 +168,16 @@ def compare_files(first: Inventory, second: Inventory) -> Files:
                 Difference(path=path, cause=_first_cause(a, b, aspects), aspects=aspects, first=a.to_json(), second=b.to_json())
             )
         elif a.mtime != b.mtime:
-            mtime_only.append(path)
+            (mtime_folders if a.kind == "dir" else mtime_files).append(path)
         else:
             identical += 1
-    return Files(compared=len(paths), identical=identical, mtime_only=mtime_only, differences=differences)
+    return Files(
+        compared=len(paths),
+        identical=identical,
+        mtime_only=mtime_files + mtime_folders,
+        mtime_folders=len(mtime_folders),
+        differences=differences,
+    )
 
 
 def _aspects(a: Entry, b: Entry) -> tuple[str, ...]:
@@ -448,6 +458,8 @@ class Packages:
         }
 
     def lines(self) -> list[str]:
+        if self.compared == 0:
+            return ["none installed"]
         if self.matches:
             return [f"{self.compared} package(s), the same names, versions and RECORD hashes"]
         lines = [f"{self.compared} package(s):"]

