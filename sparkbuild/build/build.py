@@ -266,6 +266,7 @@ def build_stage(
                 log_file=log_file,
                 cache=cache_flags(engine, opts, registry, plan, stage),
                 no_cache=apart is not None,
+                hosts=apart.hosts if apart is not None else {},
             )
         except BuildError as exc:
             failed = compile_failures(log_file)
@@ -282,11 +283,21 @@ class Apart:
     """A build of every stage of a target anew: BuildKit's layer cache off (``--no-cache``, which
     also gives every cache mount, pip's, apt's and ccache's, as a new empty one), each stage tagged
     ``tags[stage]`` and never its content-addressed reference, a later stage built FROM these (its
-    stage arguments). The bases are inputs, made once by their content."""
+    stage arguments). The bases are inputs, made once by their content.
+
+    Every RUN step also gets a host name of this build's own (``marker``): without it, BuildKit runs
+    a step once for every build that asks for the same step while it is held in its solver, with or
+    without cache (two builds at once, or one kept alive by a third build of the same step), and two
+    builds would get one result. The name is in /etc/hosts during the step only, not in the image."""
 
     # Each stage built, with its tag; a stage's earlier stages must be among them.
     tags: Mapping[str, str]
     logs: Path
+    marker: str
+
+    @property
+    def hosts(self) -> dict[str, str]:
+        return {f"sparkbuild-reproduce-{self.marker}": "127.0.0.1"}
 
     def stage_args(self, stage: StagePlan) -> dict[str, str]:
         """The earlier stages ``stage`` is built FROM: this build's."""

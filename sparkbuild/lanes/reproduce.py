@@ -241,7 +241,7 @@ def _one(engine: Engine, p: TargetPlan, opts: Options, keep: bool, result: Repro
         for run, tags in enumerate(runs, 1):
             result.status = f"building ({run} of 2)"
             began = time.monotonic()
-            apart = build.Apart(tags=tags, logs=opts.out / p.id / "reproduce" / f"build-{run}")
+            apart = build.Apart(tags=tags, logs=opts.out / p.id / "reproduce" / f"build-{run}", marker=f"{token}-{run}")
             build.build_apart(engine, p, opts, apart)
             result.builds.append({"run": run, "stages": tags, "seconds": round(time.monotonic() - began, 1)})
         result.status = "comparing"

@@ -275,14 +275,18 @@ class Engine:
         output: Path | None = None,
         cache: Sequence[str] = (),
         no_cache: bool = False,
+        hosts: Mapping[str, str] = {},
     ) -> str:
         """Build ``context/Dockerfile`` with BuildKit; returns the image id (``tag``), or with ``output``
         writes the target's files there instead of making an image. ``cache``: the build cache's
         flags (``buildcache.flags``); ``no_cache``: every step run anew (``--no-cache``: BuildKit's
-        layer cache is not read; cache mounts stay). Output goes to the log too."""
+        layer cache is not read, and each cache mount is a new empty one); ``hosts``: name -> address
+        in /etc/hosts of each RUN step (``--add-host``; not in the image). Output goes to the log too."""
         args: list[str] = [*self.cli.prefix, "--progress", "plain", "--network", "host", "--platform", platform]
         if no_cache:
             args.append("--no-cache")
+        for name, address in sorted(hosts.items()):
+            args += ["--add-host", f"{name}:{address}"]
         if output is not None:
             args += ["--output", f"type=local,dest={output}"]
         else:

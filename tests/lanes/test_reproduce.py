@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,7 @@ from sparkbuild.lanes.reproduce import REPOSITORY
 from sparkbuild.oci.engine import Engine
 from sparkbuild.plan import plan
 from tests.support import ROOT, cli
-from tests.support.matrix import local_target
+from tests.support.matrix import LOCAL_PLATFORM, local_target
 
 # The stages are named as the local profile's (torch, runtime): the disk check counts them at its sizes.
 WHEEL_STAGE = """\
@@ -191,5 +193,101 @@ def test_a_stage_is_built_with_the_earlier_stages_it_needs_and_no_other() -> Non
     ):
         reproduce.chosen(p, ("wheel",))
     # The image is built FROM the same build's earlier stages.
-    apart = build.Apart(tags={s.name: f"t-{s.name}" for s in p.stages}, logs=Path("logs"))
+    apart = build.Apart(tags={s.name: f"t-{s.name}" for s in p.stages}, logs=Path("logs"), marker="m-1")
     assert apart.stage_args(p.stages[-1]) == {"SPARKBUILD_STAGE_FLASHINFER": "t-flashinfer", "SPARKBUILD_STAGE_VLLM": "t-vllm"}
+
+
+class Gate:
+    """A loopback server the gated step connects to each time it runs, and waits on until released:
+    how many times BuildKit ran the step is how many connections came."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.runs: list[socket.socket] = []
+        self.arrived = threading.Condition()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return  # closed
+            with self.arrived:
+                self.runs.append(conn)
+                self.arrived.notify_all()
+
+    def wait_for(self, runs: int, seconds: float) -> bool:
+        with self.arrived:
+            return self.arrived.wait_for(lambda: len(self.runs) >= runs, timeout=seconds)
+
+    def release(self) -> None:
+        with self.arrived:
+            for conn in self.runs:
+                conn.sendall(b"go")
+                conn.close()
+            self.runs = []
+
+
+GATED = """\
+FROM {base}
+RUN python3 -c "import socket; s = socket.create_connection(('127.0.0.1', {port})); s.recv(2)" && date +%s%N > /when
+"""
+
+
+@pytest.mark.docker
+def test_two_builds_of_one_step_at_once_each_run_it_only_with_a_host_of_their_own(
+    engine: Engine, base: str, tmp_path: Path
+) -> None:
+    """What the host names of ``build.Apart`` are for: without them BuildKit runs a step once for two
+    builds without cache that ask for it at once, and both get one result."""
+    gate = Gate()
+    (tmp_path / "Dockerfile").write_text(GATED.format(base=base, port=gate.port))
+    tags = [f"sparkbuild-test/reproduce-gate:{gate.port}-{n}" for n in range(4)]
+
+    def start(tag: str, hosts: dict[str, str]) -> threading.Thread:
+        def run() -> None:
+            engine.build(
+                context=tmp_path,
+                tag=tag,
+                platform=LOCAL_PLATFORM,
+                labels={},
+                build_args={},
+                secrets={},
+                log_file=tmp_path / f"{tag.rsplit(':', 1)[1]}.log",
+                no_cache=True,
+                hosts=hosts,
+            )
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    def when(tag: str) -> bytes | None:
+        return engine.read_files(tag, ["/when"])["/when"]
+
+    try:
+        # As reproduce builds: each build's step runs (two connections), each its own time.
+        hosts = [build.Apart(tags={}, logs=tmp_path, marker=f"{gate.port}-{n}").hosts for n in (1, 2)]
+        threads = [start(tags[0], hosts[0]), start(tags[1], hosts[1])]
+        assert gate.wait_for(2, 300), "the second build's step did not run"
+        gate.release()
+        for thread in threads:
+            thread.join()
+        assert when(tags[0]) != when(tags[1])
+
+        # The same two builds without their host names: the second joins the first's step, held at the
+        # gate, and is given its result (no second connection comes).
+        first = start(tags[2], {})
+        assert gate.wait_for(1, 300)
+        second = start(tags[3], {})
+        assert not gate.wait_for(2, 5)
+        gate.release()
+        first.join()
+        second.join()
+        assert when(tags[2]) == when(tags[3])
+    finally:
+        gate.server.close()
+        for tag in tags:
+            engine.remove_image(tag)
