@@ -16,7 +16,7 @@ from typing import Any
 
 from sparkbuild.config.options import defaults
 from sparkbuild.errors import DiskSpaceError
-from sparkbuild.plan.plan import StagePlan, TargetPlan
+from sparkbuild.plan.plan import TargetPlan
 from sparkbuild.util import log
 
 GB = 10**9
@@ -74,13 +74,14 @@ def needs(
     return result
 
 
-def rebuilds(built: Iterable[tuple[TargetPlan, StagePlan]], cache: Path, *, engine_root: Path | None) -> list[Need]:
-    """What two builds of each stage of ``built`` write (``sparkbuild reproduce``): no stage is reused."""
+def rebuilds(stages: Iterable[tuple[str, float]], cache: Path, *, engine_root: Path | None) -> list[Need]:
+    """What two builds of each stage write (``sparkbuild reproduce``: no stage is reused); ``stages``:
+    (what it is, GB one build of it writes)."""
     result = [Need("the cache", cache, float(_table()["cache_gb"]), ("build contexts",))]
-    stages = [(p.id, s.name, stage_gb(p.target.profile, s.name)) for p, s in built]
+    stages = list(stages)
     if engine_root is not None and stages:
-        why = tuple(f"{target} {name} twice ~{2 * gb:g} GB" for target, name, gb in stages)
-        result.append(Need("Docker's data root", engine_root, sum(2 * gb for _, _, gb in stages), why))
+        why = tuple(f"{name} twice ~{2 * gb:.3g} GB" for name, gb in stages)
+        result.append(Need("Docker's data root", engine_root, sum(2 * gb for _, gb in stages), why))
     return result
 
 

@@ -182,7 +182,7 @@ def reproduce(
         # As `sparkbuild rehearse`, a rehearsal is not held to the runner's stage sizes.
         plans = [t for t in targets if isinstance(t, TargetPlan)]
         doctor.require([p.target for p in plans], opts, registry=False, gpu=False)
-        built = [(p, s) for p in plans for s in chosen(p, stages)]
+        built = [(f"{p.id} {s.name}", one_build_gb(engine, p, s)) for p in plans for s in chosen(p, stages)]
         disk.check(disk.rebuilds(built, opts.cache, engine_root=disk.engine_root(engine.client.info())))
     results = []
     with ExitStack() as stack:
@@ -198,6 +198,14 @@ def reproduce(
                 finally:
                     write(result, opts.out / result.target)
     return results
+
+
+def one_build_gb(engine: Engine, p: TargetPlan, stage: StagePlan) -> float:
+    """What one build of ``stage`` writes: the size of its image where the engine has it (built before
+    by its content), else the disk table's figure for it."""
+    if engine.image_exists(stage.ref):
+        return float(engine.inspect(stage.ref)["Size"]) / disk.GB
+    return disk.stage_gb(p.target.profile, stage.name)
 
 
 def _rehearsal_plan(m: Matrix, target: Target, opts: Options, url: str | None, result: Reproduction) -> TargetPlan:
