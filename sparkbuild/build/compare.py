@@ -9,8 +9,10 @@ first that fits of ``CAUSES``.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import shutil
+import struct
 import zipfile
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -164,8 +166,10 @@ def compare_files(first: Inventory, second: Inventory) -> Files:
             continue
         aspects = _aspects(a, b)
         if aspects:
+            cause = _first_cause(a, b, aspects)
+            detail = _pyc_times(a, b) if cause == "pyc-mtime" else ""
             differences.append(
-                Difference(path=path, cause=_first_cause(a, b, aspects), aspects=aspects, first=a.to_json(), second=b.to_json())
+                Difference(path=path, cause=cause, aspects=aspects, first=a.to_json(), second=b.to_json(), detail=detail)
             )
         elif a.mtime != b.mtime:
             (mtime_folders if a.kind == "dir" else mtime_files).append(path)
@@ -211,6 +215,13 @@ def _first_cause(a: Entry, b: Entry, aspects: tuple[str, ...]) -> str:
             return "pyc-mtime"
         return "pyc-code"
     return "content"
+
+
+def _pyc_times(a: Entry, b: Entry) -> str:
+    """The source mtimes two timestamped .pyc headers hold (seconds, UTC)."""
+    assert a.pyc is not None and b.pyc is not None
+    times = [dt.datetime.fromtimestamp(struct.unpack("<I", bytes.fromhex(e.stamp)[:4])[0], dt.UTC) for e in (a.pyc, b.pyc)]
+    return f"source mtime {times[0]:%Y-%m-%d %H:%M:%S} in the first, {times[1]:%Y-%m-%d %H:%M:%S} in the second"
 
 
 def needs_reading(d: Difference) -> bool:

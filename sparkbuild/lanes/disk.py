@@ -80,8 +80,8 @@ def rebuilds(stages: Iterable[tuple[str, float]], cache: Path, *, engine_root: P
     result = [Need("the cache", cache, float(_table()["cache_gb"]), ("build contexts",))]
     stages = list(stages)
     if engine_root is not None and stages:
-        why = tuple(f"{name} twice ~{2 * gb:.3g} GB" for name, gb in stages)
-        result.append(Need("Docker's data root", engine_root, sum(2 * gb for _, gb in stages), why))
+        why = tuple(f"{name} twice ~{2 * gb:.2f} GB" for name, gb in stages)
+        result.append(Need("Docker's data root", engine_root, round(sum(2 * gb for _, gb in stages), 2), why))
     return result
 
 

@@ -131,6 +131,8 @@ def test_two_builds_that_differ_name_each_file_and_its_cause(engine: Engine, bas
         "pyc-mtime": ["opt/__pycache__/mod.cpython-311.pyc"],
         "zip-members": ["opt/wheels/demo-1.0-py3-none-any.whl"],
     }
+    (pyc,) = runtime["files"]["differences"]["pyc-mtime"]
+    assert pyc["detail"].startswith("source mtime ") and "in the second" in pyc["detail"]
     (built_at,) = runtime["files"]["differences"]["build-time"]
     assert built_at["aspects"] == ["content"] and "in the first" in built_at["detail"]
     (wheel,) = runtime["files"]["differences"]["zip-members"]
