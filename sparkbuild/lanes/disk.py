@@ -29,7 +29,15 @@ def _table() -> dict[str, Any]:
 
 def stage_gb(profile: str, stage: str) -> float:
     """What one stage image takes in the engine; a stage the table does not name counts as 10 GB."""
-    return float(_table()["stages"].get(profile, {}).get(stage, 10))
+    return float(_table()["stages"].get(profile, {}).get(stage, UNKNOWN_STAGE_GB))
+
+
+def named(profile: str, stage: str) -> bool:
+    """Whether the table has a figure for this stage (sparkbuild's own templates' stages)."""
+    return stage in _table()["stages"].get(profile, {})
+
+
+UNKNOWN_STAGE_GB = 10
 
 
 def estimate(plan: TargetPlan) -> dict[str, float]:

@@ -201,11 +201,13 @@ def reproduce(
 
 
 def one_build_gb(engine: Engine, p: TargetPlan, stage: StagePlan) -> float:
-    """What one build of ``stage`` writes: the size of its image where the engine has it (built before
-    by its content), else the disk table's figure for it."""
-    if engine.image_exists(stage.ref):
-        return float(engine.inspect(stage.ref)["Size"]) / disk.GB
-    return disk.stage_gb(p.target.profile, stage.name)
+    """What one build of ``stage`` writes: the disk table's figure for sparkbuild's own stages (which
+    counts what building them writes, not only their image: a wheel stage's image is its wheels);
+    for another stage (a team's own template), its image's size where the engine has it, else the
+    table's figure for a stage it does not name."""
+    if disk.named(p.target.profile, stage.name) or not engine.image_exists(stage.ref):
+        return disk.stage_gb(p.target.profile, stage.name)
+    return float(engine.inspect(stage.ref)["Size"]) / disk.GB
 
 
 def _rehearsal_plan(m: Matrix, target: Target, opts: Options, url: str | None, result: Reproduction) -> TargetPlan:

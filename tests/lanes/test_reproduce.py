@@ -33,7 +33,8 @@ from sparkbuild.plan.plan import TargetPlan
 from tests.support import ROOT, cli
 from tests.support.matrix import LOCAL_PLATFORM, local_target
 
-# The stages are named as the local profile's (torch, runtime): the disk check counts them at its sizes.
+# Stages of names the disk table does not have: built first by their content (``built``), the disk
+# check counts what one build of each writes by its image, megabytes, not the table's gigabytes.
 WHEEL_STAGE = """\
 FROM {{ base_image }} AS make
 RUN mkdir /wheels && python3 -c "import datetime, zipfile; w = zipfile.ZipFile('/wheels/demo-1.0-py3-none-any.whl', 'w'); \\
@@ -44,7 +45,7 @@ COPY --from=make /wheels /wheels
 # A timestamped .pyc of a source written a second before in each build (so the two builds' differ).
 IMAGE_STAGE = """\
 FROM {{ base_image }}
-COPY --from={{ stage("torch") }} /wheels/ /opt/wheels/
+COPY --from={{ stage("wheel") }} /wheels/ /opt/wheels/
 RUN echo 'x = 1' > /opt/mod.py && sleep 1 && python3 -m py_compile /opt/mod.py \\
     && date -u +%Y-%m-%dT%H:%M:%S.%N > /opt/built-at \\
     && cat /proc/sys/kernel/random/uuid > /opt/build-id \\
@@ -111,7 +112,7 @@ def stage(found: dict[str, Any], name: str) -> dict[str, Any]:
 
 @pytest.mark.docker
 def test_two_builds_that_differ_name_each_file_and_its_cause(engine: Engine, base: str, tmp_path: Path) -> None:
-    matrix, env = project(tmp_path, "repro-differs", {"torch": WHEEL_STAGE, "runtime": IMAGE_STAGE})
+    matrix, env = project(tmp_path, "repro-differs", {"wheel": WHEEL_STAGE, "image": IMAGE_STAGE})
     with built(engine, matrix, tmp_path) as p:
         image = engine.inspect(p.stages[-1].ref)["Id"]
         result = cli.run("reproduce", "repro-differs", "--matrix", matrix, env=env)
@@ -123,25 +124,25 @@ def test_two_builds_that_differ_name_each_file_and_its_cause(engine: Engine, bas
     assert found["status"] == "differs" and not found["matches"]
     assert [b["run"] for b in found["builds"]] == [1, 2]
     assert found["not_rebuilt"] == [f"base {base} (an input: made once by its content or pinned by digest, as the sources are)"]
-    runtime = stage(found, "runtime")
-    causes = {cause: [d["path"] for d in items] for cause, items in runtime["files"]["differences"].items()}
+    image = stage(found, "image")
+    causes = {cause: [d["path"] for d in items] for cause, items in image["files"]["differences"].items()}
     assert causes == {
         "build-time": ["opt/built-at"],
         "random-id": ["opt/build-id"],
         "pyc-mtime": ["opt/__pycache__/mod.cpython-311.pyc"],
         "zip-members": ["opt/wheels/demo-1.0-py3-none-any.whl"],
     }
-    (pyc,) = runtime["files"]["differences"]["pyc-mtime"]
+    (pyc,) = image["files"]["differences"]["pyc-mtime"]
     assert pyc["detail"].startswith("source mtime ") and "in the second" in pyc["detail"]
-    (built_at,) = runtime["files"]["differences"]["build-time"]
+    (built_at,) = image["files"]["differences"]["build-time"]
     assert built_at["aspects"] == ["content"] and "in the first" in built_at["detail"]
-    (wheel,) = runtime["files"]["differences"]["zip-members"]
+    (wheel,) = image["files"]["differences"]["zip-members"]
     assert wheel["detail"].startswith("1 member(s) differ: demo/built.txt")
-    assert "opt/same" in runtime["files"]["mtime_only"]["paths"]
-    assert runtime["packages"]["compared"] > 0 and runtime["config"] == {}
+    assert "opt/same" in image["files"]["mtime_only"]["paths"]
+    assert image["packages"]["compared"] > 0 and image["config"] == {}
 
     # The wheel the first stage made, member by member: its build time named, its other member the same.
-    wheels = stage(found, "torch")["wheels"]
+    wheels = stage(found, "wheel")["wheels"]
     assert [w["wheel"] for w in wheels["wheels"]] == ["wheels/demo-1.0-py3-none-any.whl"]
     (member,) = wheels["differences"]["build-time"]
     assert member["path"] == "wheels/demo-1.0-py3-none-any.whl!demo/built.txt"
@@ -155,7 +156,7 @@ def test_two_builds_that_differ_name_each_file_and_its_cause(engine: Engine, bas
 @pytest.mark.docker
 def test_two_builds_of_the_same_files_reproduce_and_keep_kept_images(engine: Engine, base: str, tmp_path: Path) -> None:
     marker = time.time_ns()  # a cache mount of this test's own
-    matrix, env = project(tmp_path, "repro-same", {"runtime": SAME_STAGE % marker})
+    matrix, env = project(tmp_path, "repro-same", {"image": SAME_STAGE % marker})
     try:
         with built(engine, matrix, tmp_path):
             result = cli.run("reproduce", "--only", "repro-same", "--matrix", matrix, "--keep", "--json", env=env)
@@ -163,7 +164,7 @@ def test_two_builds_of_the_same_files_reproduce_and_keep_kept_images(engine: Eng
         (found,) = json.loads(result.stdout)
         assert found == findings(tmp_path, "repro-same")
         assert found["status"] == "reproduces" and found["matches"]
-        files = stage(found, "runtime")["files"]
+        files = stage(found, "image")["files"]
         assert files["differences"] == {}
         assert "opt/same" in files["mtime_only"]["paths"] and files["identical"] > 1000  # the base's files
         assert found["cache_mounts"] == ["/cache (a cache mount): new and empty in each build"]
@@ -180,10 +181,10 @@ def test_two_builds_of_the_same_files_reproduce_and_keep_kept_images(engine: Eng
 def test_a_build_that_fails_is_the_builds_error_and_leaves_nothing(engine: Engine, base: str, tmp_path: Path) -> None:
     # The image's step fails where it runs with reproduce's host name (a build without its own would pass).
     fails = (
-        "FROM {{ base_image }}\nCOPY --from={{ stage('torch') }} /wheels /wheels\n"
+        "FROM {{ base_image }}\nCOPY --from={{ stage('wheel') }} /wheels /wheels\n"
         "RUN if grep -q sparkbuild-reproduce- /etc/hosts; then echo broken >&2; exit 3; fi\n"
     )
-    matrix, env = project(tmp_path, "repro-fails", {"torch": WHEEL_STAGE, "runtime": fails})
+    matrix, env = project(tmp_path, "repro-fails", {"wheel": WHEEL_STAGE, "image": fails})
     with built(engine, matrix, tmp_path):
         result = cli.run("reproduce", "repro-fails", "--matrix", matrix, env=env)
     assert result.returncode == BuildError.exit_code, result.stderr[-3000:]
