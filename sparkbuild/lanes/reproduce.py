@@ -2,9 +2,10 @@
 
 Each build makes every stage anew (``build.Apart``): BuildKit's layer cache off (``--no-cache``, under
 which every cache mount, pip's, apt's and ccache's, is a new empty one), each stage under a tag of its
-own (``sparkbuild/reproduce:<target>-<run>-<n>-<stage>``; the content tag is neither made nor moved),
-a later stage FROM that build's earlier ones. What is not rebuilt is said in the report: the bases
-(made once by content, inputs like the sources).
+own (``sparkbuild/reproduce:<target>-<random>-<n>-<stage>``; the content tag is neither made nor
+moved), a later stage FROM that build's earlier ones, every RUN step with a host name of the build's
+own (so BuildKit cannot give both builds one run of a step). What is not rebuilt is said in the
+report: the bases (made once by content, inputs like the sources).
 
 Then, stage by stage, both images' file systems are streamed (``docker export``, never written to
 disk) into inventories and compared (``sparkbuild.build.compare``): every path (type, mode, owner,
