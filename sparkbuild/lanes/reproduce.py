@@ -196,6 +196,9 @@ def reproduce(
                 try:
                     p = item if isinstance(item, TargetPlan) else _rehearsal_plan(m, item, opts, url, result)
                     _one(engine, p, opts, keep, result, chosen(p, stages))
+                except FatalError as exc:
+                    result.status, result.error = f"failed ({result.status})", str(exc)
+                    raise
                 finally:
                     write(result, opts.out / result.target)
     return results
@@ -263,9 +266,6 @@ def _one(engine: Engine, p: TargetPlan, opts: Options, keep: bool, result: Repro
         result.no_wheels = no_wheels(p, result.stages)
         result.cache_growth = engine.build_cache_bytes() - cache_before
         result.status = "reproduces" if result.matches else "differs"
-    except FatalError as exc:
-        result.status, result.error = f"failed ({result.status})", str(exc)
-        raise
     finally:
         result.seconds = time.monotonic() - start
         if keep:

@@ -318,3 +318,14 @@ def test_two_builds_of_one_step_at_once_each_run_it_only_with_a_host_of_their_ow
         gate.server.close()
         for tag in tags:
             engine.remove_image(tag)
+
+
+@pytest.mark.docker
+def test_a_target_this_machine_cannot_rehearse_is_one_clear_error(engine: Engine, tmp_path: Path) -> None:
+    # The shipped 0.19.0 target has no stand-in for its CUDA 12.9 bases here: nothing is built.
+    env = {"SPARKBUILD_CACHE": str(tmp_path / "cache"), "SPARKBUILD_OUT": str(tmp_path / "out")}
+    result = cli.run("reproduce", "vllm-0.19.0-cu129-sm121", "--rehearsal", env=env)
+    assert result.returncode == BuildError.exit_code, result.stderr[-3000:]
+    assert "vllm-0.19.0-cu129-sm121 cannot be rehearsed here" in result.stderr and "rehearsal: bases:" in result.stderr
+    found = findings(tmp_path, "vllm-0.19.0-cu129-sm121")
+    assert found["mode"] == "rehearsal" and found["builds"] == [] and "cannot be rehearsed here" in found["error"]
