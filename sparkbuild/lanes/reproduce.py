@@ -26,7 +26,7 @@ import shutil
 import tempfile
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,6 +45,9 @@ REPOSITORY = "sparkbuild/reproduce"
 # A file that differs is copied out of both images to find why, up to this size; above it, its
 # cause stays "content" and the report says it was not read.
 READ_LIMIT = 256 << 20
+# At most this many differing files of a stage are copied out to find why (each a request to the
+# engine); the others keep the cause their entries tell, and say so.
+READ_FILES = 1000
 # What the report samples of the paths that differ in mtime alone (they are counted in full).
 MTIME_SAMPLE = 50
 Mode = Literal["build", "rehearsal"]
@@ -332,7 +335,7 @@ def explained(
     """Each difference whose cause only the file's two copies tell, with that cause (files over
     READ_LIMIT keep theirs, and say so); the copies are removed after."""
     wanted = {d.path: d for d in differences if compare.needs_reading(d)}
-    readable = [d for d in wanted.values() if max(_size(d.first), _size(d.second)) <= READ_LIMIT]
+    readable = [d for d in wanted.values() if max(_size(d.first), _size(d.second)) <= READ_LIMIT][:READ_FILES]
     better = {d.path: _unread(d) for d in wanted.values()}
     if readable:
         paths = ["/" + d.path for d in readable]
@@ -365,14 +368,8 @@ def _size(entry: Any) -> int:
 
 
 def _unread(d: compare.Difference) -> compare.Difference:
-    return compare.Difference(
-        path=d.path,
-        cause=d.cause,
-        aspects=d.aspects,
-        first=d.first,
-        second=d.second,
-        detail=f"not read again: over {READ_LIMIT >> 20} MB",
-    )
+    """``d`` as a difference whose copies are not read (over READ_LIMIT, or past READ_FILES)."""
+    return replace(d, detail=f"not read again (over {READ_LIMIT >> 20} MB, or past the first {READ_FILES} files)")
 
 
 def table(results: list[Reproduction]) -> str:
