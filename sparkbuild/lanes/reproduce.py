@@ -182,8 +182,9 @@ def reproduce(
     mode: Mode = "rehearsal" if rehearsal else "build"
     targets: tuple[Target | TargetPlan, ...] = rehearse.rehearsable(m, opts) if rehearsal else plan.plan_lane(m, opts)
     engine = Engine()
+    # Checked before any work, as `sparkbuild build` is; a rehearsal is not held to the runner's stage
+    # sizes, as `sparkbuild rehearse` is not.
     if not rehearsal:
-        # As `sparkbuild rehearse`, a rehearsal is not held to the runner's stage sizes.
         plans = [t for t in targets if isinstance(t, TargetPlan)]
         doctor.require([p.target for p in plans], opts, registry=False, gpu=False)
         built = [(f"{p.id} {s.name}", one_build_gb(engine, p, s)) for p in plans for s in chosen(p, stages)]

@@ -460,7 +460,10 @@ class Engine:
                 chunks = container.export(chunk_size=1 << 20)
             except docker.errors.APIError as exc:
                 raise EngineError(f"could not export a container of {image}: {exc.explanation}") from None
-            yield io.BufferedReader(_ChunkReader(iter(chunks), image), buffer_size=1 << 20)
+            try:
+                yield io.BufferedReader(_ChunkReader(iter(chunks), image), buffer_size=1 << 20)
+            finally:
+                chunks.close()  # the stream read or not to its end: the response goes with it
 
     def fetch_files(self, image: str, paths: Sequence[str], dest: Path) -> dict[str, Path | None]:
         """Copy each regular file of ``paths`` out of ``image`` into ``dest`` (as ``dest/N``, N its
