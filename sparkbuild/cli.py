@@ -322,6 +322,60 @@ def rehearse_cmd(matrix: Path | None, only: tuple[str, ...], lock: Path | None, 
         )
 
 
+@cli.command("reproduce")
+@click.argument("targets", nargs=-1, metavar="[TARGET]...")
+@click.option("--matrix", type=click.Path(path_type=Path), help="Matrix file (default: matrix.yaml).")
+@click.option("--only", multiple=True, metavar="GLOB", help="Only targets whose id matches (repeatable; as TARGET).")
+@click.option("--lock", type=click.Path(path_type=Path), help="Lock file (default: <matrix>.lock.json).")
+@click.option(
+    "--rehearsal", is_flag=True, help="Build Spark targets as `sparkbuild rehearse` does (this machine's platform and bases)."
+)
+@click.option("--offline", is_flag=True, help="With --rehearsal: sources from PyPI sdists and marked stand-ins (no GitHub).")
+@click.option(
+    "--stage", "stages", multiple=True, metavar="NAME", help="Only this stage and those it needs (repeatable; default: all)."
+)
+@click.option("--keep", is_flag=True, help="Keep the two builds' images (sparkbuild/reproduce:...) instead of removing them.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print every finding as JSON (also in sparkbuild-out/<target>/reproduce.json)."
+)
+@waiting
+def reproduce_cmd(
+    targets: tuple[str, ...],
+    only: tuple[str, ...],
+    matrix: Path | None,
+    lock: Path | None,
+    rehearsal: bool,
+    offline: bool,
+    stages: tuple[str, ...],
+    keep: bool,
+    as_json: bool,
+    no_wait: bool,
+) -> None:
+    """Build each TARGET twice without cache and compare the builds: every wheel's members and ELF
+    symbols, the installed packages, every file of each stage image; exit 15 when they differ."""
+    from sparkbuild.lanes import reproduce
+
+    if not (targets or only):
+        raise ConfigError("name the target(s) to build twice: `sparkbuild reproduce TARGET` (`sparkbuild plan` lists them)")
+    if offline and not rehearsal:
+        raise ConfigError("--offline takes the rehearsal's sources: give --rehearsal with it")
+    opts = make_options(matrix=matrix, only=(*targets, *only), lock=lock, no_wait=no_wait)
+    results = reproduce.reproduce(opts, rehearsal=rehearsal, offline_sources=offline, keep=keep, stages=stages)
+    text = reproduce.table(results)
+    log.step_summary(f"## sparkbuild reproduce\n\n```\n{text}\n```")
+    if as_json:
+        emit_json([r.to_json() for r in results])
+    else:
+        click.echo(text)
+        click.echo("\n".join(f"full findings: {opts.out / r.target / 'reproduce.json'}" for r in results))
+    differing = [r.target for r in results if not r.matches]
+    if differing:
+        raise errors.NotReproducible(
+            f"reproduce: two builds without cache differ for {', '.join(differing)}; each difference and its cause: "
+            + ", ".join(str(opts.out / t / "reproduce.json") for t in differing)
+        )
+
+
 @cli.command("accept")
 @selection
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")

@@ -126,6 +126,13 @@ class DiskSpaceError(FatalError):
     meaning = "too little free disk for the run (Docker's data root, the cache or the registry storage), found before any work"
 
 
+class NotReproducible(FatalError):
+    """Two builds of a target without cache differ (``sparkbuild reproduce``)."""
+
+    exit_code = 15
+    meaning = "two builds of a target without cache differ (reproduce.json names every difference and its cause)"
+
+
 ERRORS: tuple[type[FatalError], ...] = (
     ConfigError,
     ToolMissingError,
@@ -140,6 +147,7 @@ ERRORS: tuple[type[FatalError], ...] = (
     RegistryUnavailableError,
     RunLockBusy,
     DiskSpaceError,
+    NotReproducible,
 )
 
 EXIT_CODES: dict[int, str] = {

@@ -14,6 +14,7 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -230,27 +231,87 @@ def stage_args(plan: TargetPlan, stage: StagePlan, registry: Registry | None) ->
     return {render.stage_arg(n): f"{registry.host}/{refs[n]}" for n in stage.rendered.needs}
 
 
-def build_stage(engine: Engine, plan: TargetPlan, stage: StagePlan, opts: Options, registry: Registry | None = None) -> None:
+def build_stage(
+    engine: Engine,
+    plan: TargetPlan,
+    stage: StagePlan,
+    opts: Options,
+    registry: Registry | None = None,
+    *,
+    apart: Apart | None = None,
+) -> None:
+    """Build one stage into the engine as its content-addressed reference, or with ``apart`` as
+    that build's own tag, without BuildKit's layer cache."""
     context = write_context(plan, stage, opts.cache / "contexts" / plan.id / stage.name, opts.cache / "contexts")
     labels = plan.labels if stage.final else {"io.sparkbuild.stage": stage.name, "io.sparkbuild.content-hash": stage.content_hash}
-    log_file = opts.out / plan.id / f"build-{stage.name}.log"
-    with log.step(f"Building stage {stage.name} of {plan.id}: {stage.ref}"):
+    tag = stage.ref if apart is None else apart.tags[stage.name]
+    args = {**plan.build_args(), **stage_args(plan, stage, registry)}
+    if apart is not None:
+        args.update(apart.stage_args(stage))
+    log_file = (opts.out / plan.id if apart is None else apart.logs) / f"build-{stage.name}.log"
+    with log.step(f"Building stage {stage.name} of {plan.id}{'' if apart is None else ' without cache'}: {tag}"):
         try:
             engine.build(
                 context=context,
-                tag=stage.ref,
+                tag=tag,
                 platform=plan.target.platform,
                 labels=labels,
-                build_args={**plan.build_args(), **stage_args(plan, stage, registry)},
+                build_args=args,
                 secrets=_secrets(opts),
                 log_file=log_file,
                 cache=cache_flags(engine, opts, registry, plan, stage),
+                no_cache=apart is not None,
+                hosts=apart.hosts if apart is not None else {},
             )
         except BuildError as exc:
             failed = compile_failures(log_file)
             if not failed:
                 raise
             raise BuildError(_compile_report(failed, opts.out / plan.id, stage.name, log_file)) from exc
+
+
+# --- a build apart: every stage anew, under tags of its own (sparkbuild reproduce) -------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Apart:
+    """A build of every stage of a target anew: BuildKit's layer cache off (``--no-cache``, which
+    also gives every cache mount, pip's, apt's and ccache's, as a new empty one), each stage tagged
+    ``tags[stage]`` and never its content-addressed reference, a later stage built FROM these (its
+    stage arguments). The bases are inputs, made once by their content.
+
+    Every RUN step also gets a host name of this build's own (``marker``): without it, BuildKit runs
+    a step once for every build that asks for the same step while it is held in its solver, with or
+    without cache (two builds at once, or one kept alive by a third build of the same step), and two
+    builds would get one result. The name is in /etc/hosts during the step only, not in the image."""
+
+    # Each stage built, with its tag; a stage's earlier stages must be among them.
+    tags: Mapping[str, str]
+    logs: Path
+    marker: str
+
+    @property
+    def hosts(self) -> dict[str, str]:
+        return {f"sparkbuild-reproduce-{self.marker}": "127.0.0.1"}
+
+    def stage_args(self, stage: StagePlan) -> dict[str, str]:
+        """The earlier stages ``stage`` is built FROM: this build's."""
+        return {render.stage_arg(n): self.tags[n] for n in stage.rendered.needs}
+
+
+def build_apart(engine: Engine, plan: TargetPlan, opts: Options, apart: Apart) -> tuple[StageOutcome, ...]:
+    """Build each stage of ``plan`` that ``apart`` tags, anew (``Apart``); the content-addressed images
+    are neither made nor moved."""
+    require_resolved(plan)
+    ensure_bases(engine, plan, opts)
+    outcomes = []
+    for stage in (s for s in plan.stages if s.name in apart.tags):
+        start = time.monotonic()
+        build_stage(engine, plan, stage, opts, apart=apart)
+        outcomes.append(
+            StageOutcome(name=stage.name, ref=apart.tags[stage.name], action="built", seconds=time.monotonic() - start)
+        )
+    return tuple(outcomes)
 
 
 # --- a failed compile: every unit that failed, with its first error --------------------------------

@@ -29,7 +29,15 @@ def _table() -> dict[str, Any]:
 
 def stage_gb(profile: str, stage: str) -> float:
     """What one stage image takes in the engine; a stage the table does not name counts as 10 GB."""
-    return float(_table()["stages"].get(profile, {}).get(stage, 10))
+    return float(_table()["stages"].get(profile, {}).get(stage, UNKNOWN_STAGE_GB))
+
+
+def named(profile: str, stage: str) -> bool:
+    """Whether the table has a figure for this stage (sparkbuild's own templates' stages)."""
+    return stage in _table()["stages"].get(profile, {})
+
+
+UNKNOWN_STAGE_GB = 10
 
 
 def estimate(plan: TargetPlan) -> dict[str, float]:
@@ -71,6 +79,17 @@ def needs(
     if registry_storage is not None and plans:
         why = tuple(f"{p.repository}:{p.content_tag} ~{estimate(p)['registry']:g} GB" for p in plans)
         result.append(Need("the registry storage", registry_storage, sum(estimate(p)["registry"] for p in plans), why))
+    return result
+
+
+def rebuilds(stages: Iterable[tuple[str, float]], cache: Path, *, engine_root: Path | None) -> list[Need]:
+    """What two builds of each stage write (``sparkbuild reproduce``: no stage is reused); ``stages``:
+    (what it is, GB one build of it writes)."""
+    result = [Need("the cache", cache, float(_table()["cache_gb"]), ("build contexts",))]
+    stages = list(stages)
+    if engine_root is not None and stages:
+        why = tuple(f"{name} twice ~{2 * gb:.2f} GB" for name, gb in stages)
+        result.append(Need("Docker's data root", engine_root, round(sum(2 * gb for _, gb in stages), 2), why))
     return result
 
 

@@ -152,10 +152,15 @@ class Rehearsal:
         }
 
 
+def rehearsable(m: Matrix, opts: Options) -> tuple[Target, ...]:
+    """The selected targets a rehearsal builds: the Spark ones with a vLLM version (not a candidate)."""
+    return plan.select(tuple(t for t in m.targets if t.profile == "spark" and t.vllm.kind != "candidate"), opts.only, None)
+
+
 def rehearse(opts: Options, *, offline_sources: bool) -> list[Rehearsal]:
     """Rehearse every selected Spark target; every target is tried, failures are reported per target."""
     m = plan.load_matrix(opts)
-    targets = plan.select(tuple(t for t in m.targets if t.profile == "spark" and t.vllm.kind != "candidate"), opts.only, None)
+    targets = rehearsable(m, opts)
     results = [Rehearsal(target=t.id) for t in targets]
     engine = Engine()
     with ExitStack() as stack:
@@ -166,24 +171,52 @@ def rehearse(opts: Options, *, offline_sources: bool) -> list[Rehearsal]:
     return results
 
 
+@dataclass(frozen=True, kw_only=True)
+class Prepared:
+    """A target as the rehearsal builds it: the target swapped (``rehearsal_target``, offline sources
+    applied), what was swapped, and where its sources come from."""
+
+    target: Target
+    swapped: list[str]
+    sources: str = ""
+
+
+def prepare(m: Matrix, target: Target, opts: Options, url: str | None) -> Prepared:
+    """``target`` made ready to rehearse (NotRehearsable where this machine cannot); with ``url`` (the
+    git daemon's) its sources are the offline ones, fetched into the cache."""
+    rehearsed = rehearsal_target(target, m)
+    _require_torch_index(rehearsed)
+    lines, described = swapped(target, rehearsed), ""
+    if url is not None:
+        found = offline.prepare(rehearsed, opts.cache)
+        described = offline.describe(found)
+        lines += offline.swapped(found, target)
+        log.info(described)
+        rehearsed = found.apply(rehearsed)
+    return Prepared(target=rehearsed, swapped=lines, sources=described)
+
+
+def plan_of(prepared: Prepared, m: Matrix, opts: Options, url: str | None) -> plan.TargetPlan:
+    """The plan of a prepared target; with ``url``, its source stages fetch from the git daemon."""
+    p = plan.plan_target(prepared.target, m.patch_folders, opts)
+    if url is not None:
+        # The daemon's address: where the source stages fetch from, not part of any hash.
+        p = replace(p, source_args={**p.source_args, "SPARKBUILD_GIT_INSTEADOF": f"{url}/={offline.URL}/"})
+    return p
+
+
 def _one(engine: Engine, m: Matrix, target: Target, opts: Options, url: str | None, result: Rehearsal) -> None:
     start = time.monotonic()
     try:
         try:
-            rehearsed = rehearsal_target(target, m)
-            _require_torch_index(rehearsed)
+            prepared = prepare(m, target, opts, url)
         except NotRehearsable as exc:
             result.status, result.not_rehearsable = "not rehearsable", str(exc)
             log.warning(f"{target.id}: not rehearsable here: {exc}")
             return
+        rehearsed = prepared.target
         result.relaxed = rehearsed.relax
-        result.swapped = swapped(target, rehearsed)
-        if url is not None:
-            found = offline.prepare(rehearsed, opts.cache)
-            result.sources = offline.describe(found)
-            result.swapped += offline.swapped(found, target)
-            log.info(result.sources)
-            rehearsed = found.apply(rehearsed)
+        result.swapped, result.sources = prepared.swapped, prepared.sources
         # The closure of the image as the runner builds it (its platform and runtime base), with
         # this machine's relaxed pins.
         result.status = "closure"
@@ -191,10 +224,7 @@ def _one(engine: Engine, m: Matrix, target: Target, opts: Options, url: str | No
         result.closure = closure.check(replace(target, relax=rehearsed.relax), tree, opts)
         closure.log_closure(result.closure)
         closure.require(result.closure)
-        p = plan.plan_target(rehearsed, m.patch_folders, opts)
-        if url is not None:
-            # The daemon's address: where the source stages fetch from, not part of any hash.
-            p = replace(p, source_args={**p.source_args, "SPARKBUILD_GIT_INSTEADOF": f"{url}/={offline.URL}/"})
+        p = plan_of(prepared, m, opts, url)
         result.status = "preflight"
         result.preflight = build.run_preflight(engine, p, opts)
         result.preflight.require()

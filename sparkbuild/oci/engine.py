@@ -8,10 +8,12 @@ goes through the SDK.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -194,6 +196,12 @@ class ServerState:
         }
 
 
+# What the engine lays over every container's file system (moby's init layer, daemon/initlayer): in
+# an export these are the container's (empty files, mount points), not the image's.
+CONTAINER_PATHS = frozenset(
+    {".dockerenv", "dev/console", "dev/pts", "dev/shm", "etc/hostname", "etc/hosts", "etc/mtab", "etc/resolv.conf", "proc", "sys"}
+)
+
 # The label of the named volumes sparkbuild makes for what servers compile (vLLM, inductor, Triton).
 CACHE_LABEL = "io.sparkbuild.cache"
 
@@ -266,11 +274,19 @@ class Engine:
         target: str | None = None,
         output: Path | None = None,
         cache: Sequence[str] = (),
+        no_cache: bool = False,
+        hosts: Mapping[str, str] = {},
     ) -> str:
         """Build ``context/Dockerfile`` with BuildKit; returns the image id (``tag``), or with ``output``
         writes the target's files there instead of making an image. ``cache``: the build cache's
-        flags (``buildcache.flags``). Output goes to the log too."""
+        flags (``buildcache.flags``); ``no_cache``: every step run anew (``--no-cache``: BuildKit's
+        layer cache is not read, and each cache mount is a new empty one); ``hosts``: name -> address
+        in /etc/hosts of each RUN step (``--add-host``; not in the image). Output goes to the log too."""
         args: list[str] = [*self.cli.prefix, "--progress", "plain", "--network", "host", "--platform", platform]
+        if no_cache:
+            args.append("--no-cache")
+        for name, address in sorted(hosts.items()):
+            args += ["--add-host", f"{name}:{address}"]
         if output is not None:
             args += ["--output", f"type=local,dest={output}"]
         else:
@@ -306,6 +322,26 @@ class Engine:
         if code != 0:
             raise BuildError(f"build of {tag} failed (exit {code}); last lines:\n{''.join(tail)}full log: {log_file}")
         return str(output) if output is not None else str(self.inspect(tag)["Id"])
+
+    def build_cache_bytes(self) -> int:
+        """What BuildKit's cache holds on the engine's disk, in bytes (``docker system df``)."""
+        try:
+            records = self.client.df().get("BuildCache") or []
+        except docker.errors.APIError as exc:
+            raise EngineError(f"the engine did not say what its build cache holds: {exc.explanation}") from None
+        return sum(int(r.get("Size") or 0) for r in records)
+
+    def remove_image(self, ref: str) -> None:
+        """Untag ``ref``, and remove its image where no other tag holds it (``docker rmi``); gone already is fine."""
+        log.info(f"+ docker rmi {ref}  (SDK)")
+        try:
+            self.client.images.remove(ref)
+        except docker.errors.ImageNotFound:
+            pass  # already gone is what we wanted
+        except docker.errors.APIError as exc:
+            raise EngineError(
+                f"could not remove the image {ref}: {exc.explanation}; remove it by hand (docker rmi {ref})"
+            ) from None
 
     def tag(self, source: str, repository: str, tag: str) -> None:
         log.info(f"+ docker tag {source} {repository}:{tag}  (SDK)")
@@ -411,6 +447,40 @@ class Engine:
                         found[path] = None
                         continue
                     found[path] = _single_file(buffer)
+        return found
+
+    @contextmanager
+    def export(self, image: str) -> Iterator[IO[bytes]]:
+        """The file system of ``image`` as one tar stream (``docker export`` of a created, never
+        started container), read as it comes: nothing is written to disk. The container is removed
+        on the way out, whatever happens. The paths of CONTAINER_PATHS in it are the container's."""
+        log.info(f"+ docker create {image}; docker export CONTAINER  (SDK)")
+        with self._created(image) as container:
+            try:
+                chunks = container.export(chunk_size=1 << 20)
+            except docker.errors.APIError as exc:
+                raise EngineError(f"could not export a container of {image}: {exc.explanation}") from None
+            try:
+                yield io.BufferedReader(_ChunkReader(iter(chunks), image), buffer_size=1 << 20)
+            finally:
+                chunks.close()  # the stream read or not to its end: the response goes with it
+
+    def fetch_files(self, image: str, paths: Sequence[str], dest: Path) -> dict[str, Path | None]:
+        """Copy each regular file of ``paths`` out of ``image`` into ``dest`` (as ``dest/N``, N its
+        place in ``paths``), from one created, never started container; None where ``image`` has no
+        regular file there. Streamed through a temporary file: a file of gigabytes never sits in memory."""
+        log.info(f"+ docker create {image}; docker cp CONTAINER:PATH {dest}  (SDK, {len(paths)} file(s))")
+        dest.mkdir(parents=True, exist_ok=True)
+        found: dict[str, Path | None] = {}
+        with self._created(image) as container:
+            for index, path in enumerate(paths):
+                with tempfile.TemporaryFile(dir=dest) as buffer:
+                    try:
+                        _archive(container, image, path, buffer)
+                    except EngineError:
+                        found[path] = None
+                        continue
+                    found[path] = _extract_single(buffer, dest / str(index))
         return found
 
     def output(
@@ -563,6 +633,44 @@ def _archive(container: SdkContainer, image: str, path: str, buffer: IO[bytes]) 
     except docker.errors.NotFound:
         raise EngineError(f"{image} has no {path}") from None
     buffer.seek(0)
+
+
+class _ChunkReader(io.RawIOBase):
+    """The chunks of an SDK stream (``container.export()``) as a readable raw stream, for ``tarfile``."""
+
+    def __init__(self, chunks: Iterator[bytes], image: str) -> None:
+        self._chunks = chunks
+        self._image = image
+        self._pending = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._pending:
+            try:
+                chunk = next(self._chunks, None)
+            except requests.RequestException as exc:
+                raise EngineError(f"the engine dropped the export of {self._image}: {exc}") from None
+            if chunk is None:
+                return 0
+            self._pending = memoryview(chunk)
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size
+
+
+def _extract_single(buffer: IO[bytes], dest: Path) -> Path | None:
+    """The one regular file of a ``get_archive`` tar stream written to ``dest``; None for a folder or link."""
+    with tarfile.open(fileobj=buffer) as tar:
+        member = tar.next()
+        data = tar.extractfile(member) if member is not None and member.isfile() else None
+        if data is None:
+            return None
+        with dest.open("wb") as sink:
+            shutil.copyfileobj(data, sink, 1 << 20)
+    return dest
 
 
 def _single_file(buffer: IO[bytes]) -> bytes | None:
