@@ -20,7 +20,7 @@ from typing import Literal
 
 from sparkbuild.build import base_image, binaries, buildcache, preflight
 from sparkbuild.config.options import Options
-from sparkbuild.errors import BuildError, ConfigError
+from sparkbuild.errors import BuildError, ConfigError, SourceError
 from sparkbuild.oci import push
 from sparkbuild.oci.engine import Engine
 from sparkbuild.oci.registry import Registry
@@ -48,6 +48,8 @@ class BuildResult:
     stages: tuple[StageOutcome, ...]
     # The preflight of the vLLM stage, where this build compiled it (a Spark target).
     preflight: preflight.Report | None = None
+    # check-binary of vLLM's extensions in the image, where it holds real ones (a Spark target).
+    binaries: tuple[binaries.FileReport, ...] | None = None
 
     def summary(self) -> str:
         return ", ".join(f"{s.name} {s.action}" for s in self.stages)
@@ -114,17 +116,25 @@ def build(
         report = run_preflight(engine, plan, opts)
         report.require()
     outcomes = [ensure_stage(engine, registry, plan, stage, opts) for stage in plan.stages]
+    checked = None
     if plan.target.profile == "spark":
-        if plan.target.compile == "rehearse":
-            log.info(f"{plan.id}: rehearsal: no compiled extensions in the image; preflight checked the patched units")
+        if real_kernels(plan):
+            checked = check_binaries(engine, local_ref(plan), plan.target.gpu, opts.out / plan.id)
         else:
-            check_binaries(engine, local_ref(plan), plan.target.gpu, opts.out / plan.id)
-    result = BuildResult(image=local_ref(plan), stages=tuple(outcomes), preflight=report)
+            log.info(f"{plan.id}: rehearsal: no compiled extensions in the image; preflight checked the patched units")
+    result = BuildResult(image=local_ref(plan), stages=tuple(outcomes), preflight=report, binaries=checked)
     out = opts.out / plan.id
     out.mkdir(parents=True, exist_ok=True)
     (out / "stages.json").write_text(json.dumps([s.to_json() for s in outcomes], indent=2) + "\n")
     log.info(f"{plan.id}: {result.summary()}")
     return result
+
+
+def real_kernels(plan: TargetPlan) -> bool:
+    """Whether the image holds vLLM's real compiled extensions: a full compile, or upstream's wheel
+    (a rehearsal too: the same kernels, for this machine's platform)."""
+    wheel = plan.choice is not None and plan.choice.mode == "wheel"
+    return plan.target.profile == "spark" and (plan.target.compile == "full" or wheel)
 
 
 def ensure_stage(engine: Engine, registry: Registry | None, plan: TargetPlan, stage: StagePlan, opts: Options) -> StageOutcome:
@@ -252,10 +262,42 @@ def build_stage(engine: Engine, plan: TargetPlan, stage: StagePlan, opts: Option
                 cache=cache_flags(engine, opts, registry, plan, stage),
             )
         except BuildError as exc:
+            mismatch = wheel_mismatch(log_file)
+            if mismatch is not None:
+                raise SourceError(_mismatch_report(mismatch, plan, log_file)) from exc
             failed = compile_failures(log_file)
             if not failed:
                 raise
             raise BuildError(_compile_report(failed, opts.out / plan.id, stage.name, log_file)) from exc
+
+
+# --- upstream's wheel whose sha256 is not the lock's ----------------------------------------------
+
+WHEEL_MARK = "sparkbuild-wheel: sha256 mismatch "
+
+
+def wheel_mismatch(log_file: Path) -> dict[str, str] | None:
+    """What the vllm stage's pip found when the wheel it downloaded was not the one the lock pins
+    (``vllm_wheel.py`` prints it): the file, the sha256 pinned and the one it got."""
+    if not log_file.is_file():
+        return None
+    for line in log_file.read_text(encoding="utf-8", errors="replace").splitlines():
+        line = _BUILDKIT_PREFIX.sub("", line)
+        if line.startswith(WHEEL_MARK):
+            words = line[len(WHEEL_MARK) :].split()
+            if len(words) == 5 and words[1] == "expected" and words[3] == "got":
+                return {"file": words[0], "expected": words[2], "got": words[4]}
+    return None
+
+
+def _mismatch_report(found: dict[str, str], plan: TargetPlan, log_file: Path) -> str:
+    url = plan.source_args.get("VLLM_WHEEL_URL", "its URL")
+    return (
+        f"{plan.id}: upstream's wheel {found['file']} from {url} has sha256 {found['got']}, and the lock pins "
+        f"{found['expected']} (pip's --require-hashes refused it): nothing was patched or built from it. The index serves "
+        f"another file than the one resolved, or the lock was edited: run `sparkbuild resolve` to pin the file the index "
+        f"serves now (check-binary judges it again). Log: {log_file}"
+    )
 
 
 # --- a failed compile: every unit that failed, with its first error --------------------------------
