@@ -63,7 +63,7 @@ def fits(filename: str, platform: str, python: str, glibc: str) -> bool:
     for tag in tags:
         if not _python_fits(tag.interpreter, tag.abi, py):
             continue
-        legacy = tag.platform.rsplit("_", 1)[0] if tag.platform.endswith(machine) else None
+        legacy = tag.platform.removesuffix(f"_{machine}") if tag.platform.endswith(f"_{machine}") else None
         if legacy in _LEGACY and _LEGACY[legacy] <= libc:
             return True
         m = _MANYLINUX.fullmatch(tag.platform)

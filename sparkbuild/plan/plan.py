@@ -271,6 +271,9 @@ def plan_target(target: Target, patch_folders: Mapping[str, Path], opts: Options
         inputs["vllm_from"] = {"mode": choice.mode} | (
             {"wheel": wheel.filename, "sha256": wheel.sha256} if wheel is not None and choice.mode == "wheel" else {}
         )
+        if choice.mode == "wheel":
+            # Built from the wheel: no vLLM commit, CUTLASS or external project goes into the image.
+            inputs |= {"vllm": {**inputs["vllm"], "commit": None}, "cutlass": None, "externals": None}
     content_hash = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
     content_tag = f"{target.id}-{content_hash[:12]}"
     final = stages[-1]

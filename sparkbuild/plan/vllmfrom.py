@@ -78,7 +78,8 @@ def against(
 ) -> Against | None:
     """The first reason the target cannot use upstream's wheel; None when it can."""
     if kind != "version":
-        return Against(why=f"vLLM from a git {kind}: upstream publishes wheels of releases only")
+        what = "a release candidate (a git tag)" if kind == "candidate" else f"a git {kind}"
+        return Against(why=f"vLLM from {what}: upstream publishes wheels of releases only")
     compiled = compiled_changes(patches, folders)
     if compiled:
         name, path = compiled[0]
