@@ -250,11 +250,11 @@ def _pin_wheels(opts: Options, m: matrix.Matrix, previous: lock.Lock) -> tuple[d
         users = tuple(t.id for t in targets)
         if found.missing is not None:
             log.warning(found.missing)
-            pins.append(Pin(f"vllm wheel {platform}", found.index, version, "none", "index", users, None))
+            pins.append(Pin(f"vllm {version} wheel {platform}", found.index, version, "none", "index", users, None))
             continue
         assert found.sha256 is not None and found.filename is not None
         was = before.sha256 if before is not None else None
-        pins.append(Pin(f"vllm wheel {platform}", found.url or "", found.filename, found.sha256, "index", users, was))
+        pins.append(Pin(f"vllm {version} wheel {platform}", found.url or "", found.filename, found.sha256, "index", users, was))
         for gpu, verdict in found.check_binary.items():
             log.info(f"{found.filename}: check-binary for GPU {gpu}: {'passes' if verdict.ok else 'FAILS'} ({verdict.text()})")
     return wheels, pins

@@ -149,7 +149,7 @@ def choose(
         said = f"{len(patches)} patch(es), Python files only" if patches else "no patch"
         why = (
             f"{said}; upstream's {pin.filename} (sha256 {pin.sha256[:16]}...) passes check-binary for GPU {gpu} "
-            f"({verdict.text()}), requires {pin.torch or 'no particular torch'} and links CUDA {pin.cuda or '-'}"
+            f"({verdict.text()}), requires {pin.torch or 'no particular torch'} and links {f'CUDA {pin.cuda}' if pin.cuda else 'no libcudart'}"
         )
         return Choice(asked=asked, mode="wheel", why=why, wheel=pin)
     if asked == "wheel" and found.pinned:
