@@ -206,7 +206,7 @@ def _one(engine: Engine, m: Matrix, pins: lock.Lock, target: Target, opts: Optio
             log.warning(f"{target.id}: not rehearsable here: {exc}")
             return
         result.status = "pinning"
-        rehearsed = replace(rehearsed, wheel=rehearsal_wheel(target, rehearsed, pins, opts))
+        rehearsed = replace(rehearsed, wheel=rehearsal_wheel(target, rehearsed, m, pins, opts))
         choice = plan.choice_of(rehearsed, m.patch_folders)
         wheel_mode = choice is not None and choice.mode == "wheel"
         result.vllm_from, result.kernels = choice, "real" if wheel_mode else "swapped"
@@ -248,12 +248,14 @@ def _one(engine: Engine, m: Matrix, pins: lock.Lock, target: Target, opts: Optio
         result.seconds = time.monotonic() - start
 
 
-def rehearsal_wheel(target: Target, rehearsed: Target, pins: lock.Lock, opts: Options) -> lock.WheelPin | None:
+def rehearsal_wheel(target: Target, rehearsed: Target, m: Matrix, pins: lock.Lock, opts: Options) -> lock.WheelPin | None:
     """Upstream's wheel of the target's release for this machine's platform, where the target may
     build from a wheel: the lock's pin when it has one for this platform, else pinned here for real
     (the index, the download checked by sha256, check-binary for the target's GPU)."""
     if target.vllm.kind != "version" or target.vllm_from == "source":
         return None
+    if vllmfrom.compiled_changes(target.patches, m.patch_folders):
+        return None  # a patch needs the compile: no wheel to pin (the plan says which patch)
     found = pins.wheel(target.vllm.version, rehearsed.platform)
     if found is not None:
         log.info(f"{target.id}: upstream's wheel for {rehearsed.platform} as the lock pins it: {found.filename or found.missing}")
