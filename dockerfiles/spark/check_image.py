@@ -81,7 +81,9 @@ def vllm_source():
     if not sources:
         problems.append(f"{record} is missing: the source stage did not record the commits it fetched")
     elif wanted not in sources:
-        problems.append(f"vLLM is not from {'commit ' if args.vllm_commit else 'the wheel of '}{wanted}; sources: {' '.join(sources)}")
+        problems.append(
+            f"vLLM is not from {'commit ' if args.vllm_commit else 'the wheel of '}{wanted}; sources: {' '.join(sources)}"
+        )
     if problems:
         raise RuntimeError("; ".join(problems))
     import vllm
@@ -115,9 +117,7 @@ def vllm_extensions():
     import importlib.util
 
     package = pathlib.Path(importlib.util.find_spec("vllm").origin).parent
-    names = sorted(
-        ".".join(("vllm", *p.relative_to(package).parent.parts, p.name.split(".")[0])) for p in package.rglob("*.so")
-    )
+    names = sorted(".".join(("vllm", *p.relative_to(package).parent.parts, p.name.split(".")[0])) for p in package.rglob("*.so"))
     if args.kernels == "none":
         if names:
             raise RuntimeError(f"a Python-only vLLM was asked for, and it has compiled modules: {', '.join(names)}")
@@ -130,9 +130,7 @@ def vllm_extensions():
             # The loader looks for the driver by its soname; the stub answers every call with an error.
             os.symlink(args.driver_stub, os.path.join(stub_dir, "libcuda.so.1"))
             env["LD_LIBRARY_PATH"] = ":".join(p for p in (stub_dir, env.get("LD_LIBRARY_PATH", "")) if p)
-        done = subprocess.run(
-            [sys.executable, "-c", IMPORT_ALL, *names], capture_output=True, text=True, check=False, env=env
-        )
+        done = subprocess.run([sys.executable, "-c", IMPORT_ALL, *names], capture_output=True, text=True, check=False, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"importing vLLM's compiled modules failed (exit {done.returncode}): {done.stderr[-2000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -151,7 +149,10 @@ def vllm_torch():
         req = Requirement(line)
         if (req.marker is None or req.marker.evaluate()) and not req.specifier.contains(installed, prereleases=True):
             raise RuntimeError(f"vLLM requires {line}, and torch {torch.__version__} is installed")
-    return {"required": required or "none (a source build drops vLLM's torch pin: use_existing_torch.py)", "installed": torch.__version__}
+    return {
+        "required": required or "none (a source build drops vLLM's torch pin: use_existing_torch.py)",
+        "installed": torch.__version__,
+    }
 
 
 def triton_driver_stub():

@@ -147,9 +147,10 @@ def choose(
         assert pin is not None and pin.sha256 is not None
         verdict = pin.check_binary[gpu]
         said = f"{len(patches)} patch(es), Python files only" if patches else "no patch"
+        links = f"CUDA {pin.cuda}" if pin.cuda else "no libcudart"
         why = (
             f"{said}; upstream's {pin.filename} (sha256 {pin.sha256[:16]}...) passes check-binary for GPU {gpu} "
-            f"({verdict.text()}), requires {pin.torch or 'no particular torch'} and links {f'CUDA {pin.cuda}' if pin.cuda else 'no libcudart'}"
+            f"({verdict.text()}), requires {pin.torch or 'no particular torch'} and links {links}"
         )
         return Choice(asked=asked, mode="wheel", why=why, wheel=pin)
     if asked == "wheel" and found.pinned:

@@ -155,9 +155,9 @@ def test_a_wheel_whose_kernels_run_on_the_gpu_is_chosen(
     (planned,) = json.loads(shown.stdout)
     assert planned["vllm_from"]["mode"] == "wheel" and planned["vllm_from"]["wheel"]["sha256"] == digest
     assert (
-        "passes check-binary for GPU 12.1 (2 kernels in 1 libraries: 2 sass, 0 ptx, 0 other, 0 fail), requires torch==2.14.0 and links no libcudart"
-        in planned["vllm_from"]["why"]
-    )
+        "passes check-binary for GPU 12.1 (2 kernels in 1 libraries: 2 sass, 0 ptx, 0 other, 0 fail), "
+        "requires torch==2.14.0 and links no libcudart"
+    ) in planned["vllm_from"]["why"]
     # A second resolve reads the judged wheel from the cache: the same pin, unchanged.
     again = sparkbuild("resolve", "--wheels-only", "--matrix", str(shipped), "--json", folder=tmp_path, index=url)
     assert {p["name"]: p["change"] for p in json.loads(again.stdout)["pins"]}["vllm 0.33.0 wheel linux/arm64"] == "same"
