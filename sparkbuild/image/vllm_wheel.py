@@ -107,21 +107,26 @@ def download(url: str, filename: str, sha256: str, into: Path) -> Path:
     return wheel
 
 
-def patch(wheel: Path, version: str, patches: Path, names: list[str], work: Path, out: Path) -> Path:
+def patch(wheel: Path, version: str, patches: Path, names: list[str], work: Path, out: Path, engine: Path) -> Path:
     """``wheel`` with the patch set applied to its Python files: repacked into ``out`` when a patch
     changed it, else copied as it is. The patch engine's record goes to ``out/vllm-patches.json``."""
     run_or_fail([sys.executable, "-m", "wheel", "unpack", "--dest", str(work), str(wheel)])
     (tree,) = [p for p in work.iterdir() if p.is_dir()]
     args = [sys.executable, "-m", "sparkbuild.patch", "apply", "--installed", "--source", str(tree)]
     args += ["--version", version, "--patches", str(patches), *[a for n in names for a in ("--patch", n)]]
-    run_or_fail(args, env={**os.environ, "PYTHONPATH": "/opt/sparkbuild/lib"})
+    run_or_fail(args, env={**os.environ, "PYTHONPATH": str(engine)})
     record = tree / RECORD
     results = json.loads(record.read_text(encoding="utf-8"))["results"]
     shutil.move(record, out / "vllm-patches.json")  # the record is the build's, not a file of the wheel
     if not any(r["status"] == "applies" for r in results):
         return Path(shutil.copy2(wheel, out / wheel.name))
-    run_or_fail([sys.executable, "-m", "wheel", "pack", "--dest-dir", str(out), str(tree)])
-    return out / wheel.name
+    packed = work.parent / "packed"
+    packed.mkdir()
+    run_or_fail([sys.executable, "-m", "wheel", "pack", "--dest-dir", str(packed), str(tree)])
+    (made,) = packed.glob("*.whl")
+    # wheel pack names the file by the Tag of its WHEEL file, which upstream's auditwheel left as
+    # linux_<arch> when it renamed the file manylinux: the repacked wheel keeps upstream's name.
+    return Path(shutil.move(made, out / wheel.name))
 
 
 def run_or_fail(args: list[str], env: dict[str, str] | None = None) -> None:
@@ -179,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--patches", type=Path, default=None)
     parser.add_argument("--patch", dest="names", action="append", default=[])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--engine", type=Path, default=Path("/opt/sparkbuild/lib"), help="where sparkbuild's patch engine is")
     args = parser.parse_args(argv)
     if not args.url:
         print("error: no --url: the build passes the wheel's URL as VLLM_WHEEL_URL (from the lock)", file=sys.stderr)
@@ -188,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="sparkbuild-wheel-") as tmp:
             wheel = download(args.url, args.filename, args.sha256, Path(tmp))
             if args.names:
-                built = patch(wheel, args.version, args.patches, args.names, Path(tmp) / "unpacked", args.out)
+                built = patch(wheel, args.version, args.patches, args.names, Path(tmp) / "unpacked", args.out, args.engine)
             else:
                 built = Path(shutil.copy2(wheel, args.out / wheel.name))
         write_records(args, built)
