@@ -25,7 +25,7 @@ from sparkbuild.errors import ConfigError, PublishError
 from sparkbuild.lanes import upstream_wheel
 from sparkbuild.oci import registry
 from sparkbuild.plan import lock, matrix, plan
-from sparkbuild.upstream import externals, gitrepo
+from sparkbuild.upstream import externals, gitrepo, sources
 from sparkbuild.util import log
 
 _SHA = re.compile(r"^[0-9a-f]{40}$")
@@ -237,14 +237,14 @@ def _pin_wheels(opts: Options, m: matrix.Matrix, previous: lock.Lock) -> tuple[d
     pins: list[Pin] = []
     for (version, platform), targets in wheel_targets(m).items():
         base = targets[0].runtime_base
-        if base.python is None or base.glibc is None:
-            raise ConfigError(
-                f"{targets[0].where}: the runtime base {base.name} says no python: or glibc:, which choose upstream's "
-                "wheel for it; add them to the base (bases: in the matrix)"
-            )
         gpus = tuple(dict.fromkeys(t.gpu for t in targets))
-        with log.step(f"Upstream's vLLM {version} wheel for {platform}"):
-            found = upstream_wheel.pin(version, platform, gpus, python=base.python, glibc=base.glibc, cache=opts.cache)
+        if base.python is None or base.glibc is None:
+            # Which wheel installs there is not known: these targets compile, and their plans say why.
+            why = f"the runtime base {base.name} says no python: or glibc: (bases: in the matrix), which choose the wheel"
+            found = lock.WheelPin(version=version, platform=platform, index=sources.simple_index(), missing=why)
+        else:
+            with log.step(f"Upstream's vLLM {version} wheel for {platform}"):
+                found = upstream_wheel.pin(version, platform, gpus, python=base.python, glibc=base.glibc, cache=opts.cache)
         wheels[lock.wheel_key(version, platform)] = found.to_json()
         before = previous.wheel(version, platform)
         users = tuple(t.id for t in targets)
