@@ -107,26 +107,61 @@ def download(url: str, filename: str, sha256: str, into: Path) -> Path:
     return wheel
 
 
-def patch(wheel: Path, version: str, patches: Path, names: list[str], work: Path, out: Path, engine: Path) -> Path:
-    """``wheel`` with the patch set applied to its Python files: repacked into ``out`` when a patch
-    changed it, else copied as it is. The patch engine's record goes to ``out/vllm-patches.json``."""
-    run_or_fail([sys.executable, "-m", "wheel", "unpack", "--dest", str(work), str(wheel)])
-    (tree,) = [p for p in work.iterdir() if p.is_dir()]
-    args = [sys.executable, "-m", "sparkbuild.patch", "apply", "--installed", "--source", str(tree)]
-    args += ["--version", version, "--patches", str(patches), *[a for n in names for a in ("--patch", n)]]
-    run_or_fail(args, env={**os.environ, "PYTHONPATH": str(engine)})
-    record = tree / RECORD
-    results = json.loads(record.read_text(encoding="utf-8"))["results"]
-    shutil.move(record, out / "vllm-patches.json")  # the record is the build's, not a file of the wheel
-    if not any(r["status"] == "applies" for r in results):
+def rebuilt(args: argparse.Namespace, wheel: Path, work: Path) -> Path:
+    """The wheel the runtime installs, in ``args.out``: upstream's file as it is, or, where a patch
+    changed its Python files or a rehearsal relaxes a bound, unpacked, changed and repacked (``wheel
+    pack`` writes its RECORD anew). The patch engine's record goes to ``vllm-patches.json``."""
+    out: Path = args.out
+    if not args.names and not args.relax:
         return Path(shutil.copy2(wheel, out / wheel.name))
-    packed = work.parent / "packed"
-    packed.mkdir()
-    run_or_fail([sys.executable, "-m", "wheel", "pack", "--dest-dir", str(packed), str(tree)])
-    (made,) = packed.glob("*.whl")
+    run_or_fail([sys.executable, "-m", "wheel", "unpack", "--dest", str(work / "unpacked"), str(wheel)])
+    (tree,) = (work / "unpacked").iterdir()
+    changed = bool(args.names) and patch(tree, args, out)
+    changed = relax_metadata(tree, args.relax) or changed
+    if not changed:
+        return Path(shutil.copy2(wheel, out / wheel.name))
+    (work / "packed").mkdir()
+    run_or_fail([sys.executable, "-m", "wheel", "pack", "--dest-dir", str(work / "packed"), str(tree)])
+    (made,) = (work / "packed").glob("*.whl")
     # wheel pack names the file by the Tag of its WHEEL file, which upstream's auditwheel left as
     # linux_<arch> when it renamed the file manylinux: the repacked wheel keeps upstream's name.
     return Path(shutil.move(made, out / wheel.name))
+
+
+def patch(tree: Path, args: argparse.Namespace, out: Path) -> bool:
+    """The patch set applied to the unpacked wheel's Python files; whether a patch changed one."""
+    command = [sys.executable, "-m", "sparkbuild.patch", "apply", "--installed", "--source", str(tree)]
+    command += ["--version", args.version, "--patches", str(args.patches), *[a for n in args.names for a in ("--patch", n)]]
+    run_or_fail(command, env={**os.environ, "PYTHONPATH": str(args.engine)})
+    record = tree / RECORD
+    results = json.loads(record.read_text(encoding="utf-8"))["results"]
+    shutil.move(record, out / "vllm-patches.json")  # the record is the build's, not a file of the wheel
+    return any(r["status"] == "applies" for r in results)
+
+
+def relax_metadata(tree: Path, relax: list[str]) -> bool:
+    """A rehearsal's relaxed requirements dropped from the wheel's own METADATA too (as a source
+    rehearsal drops them from the requirements files it builds from), or ``pip check`` in the runtime
+    holds the image to the bound this machine's index cannot meet. Whether anything changed."""
+    if not relax:
+        return False
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    names = {canonicalize_name(n) for n in relax}
+    (metadata,) = tree.glob("*.dist-info/METADATA")
+    lines = metadata.read_text(encoding="utf-8").split("\n")
+    for i, line in enumerate(lines):
+        if line.startswith("Requires-Dist: "):
+            req = Requirement(line.removeprefix("Requires-Dist: "))
+            if canonicalize_name(req.name) in names and req.specifier and "extra" not in str(req.marker or ""):
+                print(f"rehearsal: {req} -> {req.name} in {metadata.name} (rehearsal: relax:)", flush=True)
+                lines[i] = f"Requires-Dist: {req.name}"
+    text = "\n".join(lines)
+    if text == metadata.read_text(encoding="utf-8"):
+        return False
+    metadata.write_text(text, encoding="utf-8")
+    return True
 
 
 def run_or_fail(args: list[str], env: dict[str, str] | None = None) -> None:
@@ -193,10 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="sparkbuild-wheel-") as tmp:
             wheel = download(args.url, args.filename, args.sha256, Path(tmp))
-            if args.names:
-                built = patch(wheel, args.version, args.patches, args.names, Path(tmp) / "unpacked", args.out, args.engine)
-            else:
-                built = Path(shutil.copy2(wheel, args.out / wheel.name))
+            built = rebuilt(args, wheel, Path(tmp))
         write_records(args, built)
     except WheelError as exc:
         print(f"{MARK} error {exc}", file=sys.stderr, flush=True)
@@ -211,7 +243,7 @@ def write_records(args: argparse.Namespace, built: Path) -> None:
     (out / "vllm-requirements.txt").write_text("\n".join(found) + "\n", encoding="utf-8")
     sources = f"{args.url} sha256:{args.sha256}\n"
     if sha256_of(built) != args.sha256:
-        sources += f"  patched {built.name} sha256:{sha256_of(built)}\n"
+        sources += f"  repacked {built.name} sha256:{sha256_of(built)}\n"
     (out / "vllm-sources.txt").write_text(sources, encoding="utf-8")
     (out / "vllm-build-env.txt").write_text(f"VLLM_FROM=wheel VLLM_WHEEL={args.filename} VLLM_WHEEL_SHA256={args.sha256}\n")
     preflight = {

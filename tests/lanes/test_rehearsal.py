@@ -351,7 +351,7 @@ def test_the_patch_is_in_the_installed_file_and_the_wheels_record(from_wheel: di
     assert [(r["patch"], r["status"], r["files"]) for r in found["patches"]] == [("zz-test-python", "applies", [PYTHON_FILE])]
     # What the image came from: upstream's file by its URL and sha256, then the patched wheel it became.
     assert "/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl sha256:4b6bdec4ab269990" in found["sources"]
-    assert "patched vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl sha256:" in found["sources"]
+    assert "repacked vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl sha256:" in found["sources"]
 
 
 def test_a_lock_whose_wheel_sha256_is_wrong_stops_at_pips_hash_check(
