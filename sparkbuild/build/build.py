@@ -14,7 +14,7 @@ import re
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -340,8 +340,9 @@ def check_binaries(engine: Engine, image: str, gpu: str, out: Path) -> tuple[bin
         vllm_path = json.loads(info.read_text())["vllm_path"]
         folder = engine.copy_out(image, vllm_path, Path(tmp) / "image")
         device = binaries.Arch.parse(gpu)
-        reports = binaries.check([folder], device)
-        shown = binaries.table(reports, device).replace(str(folder), vllm_path)
+        # Each library named by its path in the image, not in this copy of it.
+        reports = tuple(replace(r, path=Path(vllm_path) / r.path.relative_to(folder)) for r in binaries.check([folder], device))
+        shown = binaries.table(reports, device)
     log.info(shown)
     out.mkdir(parents=True, exist_ok=True)
     (out / "check-binary.txt").write_text(shown + "\n")
