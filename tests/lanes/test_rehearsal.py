@@ -313,12 +313,32 @@ def test_every_compiled_module_of_the_wheel_imports_in_the_runtime_image(from_wh
     assert found["torch"]["required"] == ["torch==2.14.0"] and found["torch"]["installed"].startswith("2.14.0")
     assert from_wheel["checks"]["vllm"]["commit"] == "g4ba787ec9"  # what upstream's wheel says of itself
     stub = subprocess.run(
-        ["docker", "run", "--rm", "--entrypoint", "ls", from_wheel["image"], "/opt/sparkbuild/driver-stub"],
+        ["docker", "run", "--rm", "--entrypoint", "ls", from_wheel["image"], "-A", "/opt/sparkbuild/driver-stub"],
         capture_output=True,
         text=True,
-        check=False,
+        check=True,
     )
-    assert stub.returncode != 0  # mounted for the check only: no stub driver stays in the image
+    assert stub.stdout == ""  # mounted for the check only: its mount point stays, empty; no stub driver
+
+
+def test_an_extension_that_cannot_load_fails_the_image_check_naming_it(from_wheel: dict[str, Any], engine: Engine) -> None:
+    """The same check in the built image without the stub driver: vLLM's modules that link the CUDA
+    driver cannot load (no GPU, no driver here), and the check names each one with the loader's error.
+    This is the failure a module with a missing library or a torch it was not built against gives."""
+    sha256 = from_wheel["vllm_from"]["wheel"]["sha256"]
+    check = ["python", "/opt/sparkbuild/check_image.py", "--vllm-version", "0.33.0", "--vllm-wheel-sha256", sha256]
+    done = subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", "--entrypoint", check[0], from_wheel["image"], *check[1:],
+         "--torch", "2.14.0", "--cuda", "13.0", "--kernels", "real"],
+        capture_output=True, text=True, check=False, timeout=600,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert (
+        "vllm_extensions: RuntimeError: vllm._C_stable_libtorch does not import: ImportError: libcuda.so.1: cannot open"
+        in done.stderr
+    )
+    assert "vllm.vllm_flash_attn._vllm_fa2_C does not import" in done.stderr
+    assert "vllm.spinloop does not import" not in done.stderr  # it links no driver: it loads
 
 
 def test_check_binary_passes_on_the_images_real_extensions(from_wheel: dict[str, Any]) -> None:
