@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from sparkbuild import patch
+from sparkbuild.build import build
 from sparkbuild.config.options import Options
 from sparkbuild.errors import ConfigError, PatchError
 from sparkbuild.image import vllm_wheel
@@ -166,6 +167,14 @@ def test_a_pinned_wheel_that_passes_is_chosen_and_the_plan_says_why(project: Pat
         "wheel": {"filename": FILENAME, "url": URL, "sha256": SHA256},
     }
     assert found["disk_gb"]["vllm"] == 1  # the wheel's stage, not a compile's 40 GB
+
+
+def test_hadolint_passes_the_wheel_builds_dockerfiles(project: Path, tmp_path: Path) -> None:
+    write_lock(project, arm=pinned())
+    folders = build.write_contexts(planned(with_target(project, patches=["zz-python"])), tmp_path / "render")
+    hadolint = Path(sys.executable).parent / "hadolint"
+    done = subprocess.run([hadolint, "--no-color", *(f / "Dockerfile" for f in folders)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_the_content_hash_holds_the_mode_and_the_sha256_not_the_url(project: Path) -> None:
