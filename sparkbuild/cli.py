@@ -182,6 +182,8 @@ def plan_cmd(as_json: bool, ids: bool, lane: str, **kwargs: Any) -> None:
     for p in plans:
         click.echo(f"{p.id}  ({p.target.profile}, {p.target.platform})")
         click.echo(f"  vllm:    {p.target.vllm.kind} {p.target.vllm.spec}")
+        if p.choice is not None:
+            click.echo(f"  from:    {p.choice.text()}")
         arch = f"   arch: {p.target.arch_list}" if p.target.cuda else ""
         click.echo(f"  torch:   {p.target.torch}   cuda: {p.target.cuda or 'none'}{arch}")
         click.echo(f"  base:    {p.base_ref}")
@@ -272,18 +274,24 @@ def build_cmd(registry: str | None, as_json: bool, **kwargs: Any) -> None:
 @click.option("--matrix", type=click.Path(path_type=Path), help="Matrix file (default: matrix.yaml).")
 @click.option("--lock", type=click.Path(path_type=Path), help="Lock file to write (default: <matrix>.lock.json).")
 @click.option("--json", "as_json", is_flag=True, help="Print every pin as JSON.")
+@click.option(
+    "--wheels-only",
+    is_flag=True,
+    help="Pin only upstream's vLLM wheels (package index, check-binary); keep every other pin of the lock.",
+)
 @waiting
-def resolve_cmd(matrix: Path | None, lock: Path | None, as_json: bool, no_wait: bool) -> None:
-    """Pin every git ref to a commit and every base image to a digest; write the lock file."""
+def resolve_cmd(matrix: Path | None, lock: Path | None, as_json: bool, wheels_only: bool, no_wait: bool) -> None:
+    """Pin every git ref to a commit, every base image to a digest and upstream's vLLM wheel of each
+    Spark release target (judged by check-binary for its GPU); write the lock file."""
     from sparkbuild.lanes import resolve
     from sparkbuild.util import runlock
 
     opts = make_options(matrix=matrix, lock=lock, no_wait=no_wait)
     with runlock.run(opts.cache, wait=opts.wait):
-        result = resolve.resolve(opts)
+        result = resolve.resolve(opts, wheels_only=wheels_only)
     log.step_summary(f"## sparkbuild resolve\n\n```\n{resolve.table(result)}\n```")
     if as_json:
-        emit_json({"lock": str(result.path), "pins": [p.to_json() for p in result.pins]})
+        emit_json({"lock": str(result.path), "pins": [p.to_json() for p in result.pins], "wheels": result.lock.wheels})
     else:
         click.echo(resolve.table(result))
 

@@ -2,7 +2,12 @@
 and what serving needs. Every check runs the real thing (no GPU needed):
 
 - torch is the CUDA build asked for (a CPU wheel swapped in by pip is the classic failure), and vLLM
-  the version asked for, built from the pinned commit;
+  the version asked for, built from the pinned commit or installed from the pinned upstream wheel
+  (its sha256 in the record of sources; the commit the wheel names in vllm/_version.py is recorded);
+- vLLM's compiled extensions (``--kernels real``): every extension module under the vllm package
+  imports, after torch, as vLLM imports it; a module that links the CUDA driver (libcuda.so.1) finds
+  the CUDA toolkit's stub (``--driver-stub``, mounted for this check only: no driver at build time);
+  the torch vLLM's own metadata requires is the torch installed;
 - Triton can build its CUDA driver stub (it does so on the first kernel launch): its own build
   function compiles its own driver.c, with a C compiler and Python's headers;
 - CUDA's compiler and headers for run-time JIT (FlashInfer, DeepGEMM): nvcc of the image's CUDA
@@ -28,9 +33,15 @@ import tempfile
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--vllm-version", required=True)
-parser.add_argument("--vllm-commit", required=True)
+source = parser.add_mutually_exclusive_group(required=True)
+source.add_argument("--vllm-commit", help="vLLM was compiled from this commit")
+source.add_argument("--vllm-wheel-sha256", help="vLLM is upstream's wheel of this sha256 (patched or not)")
 parser.add_argument("--torch", required=True)
 parser.add_argument("--cuda", required=True)
+parser.add_argument(
+    "--kernels", choices=("real", "none"), required=True, help="none: a rehearsal's Python-only wheel, no extension"
+)
+parser.add_argument("--driver-stub", help="a stub libcuda.so the extension imports may load (no driver at build time)")
 args = parser.parse_args()
 
 import torch  # noqa: E402
@@ -66,15 +77,82 @@ def vllm_source():
         problems.append(f"vLLM {installed} is installed, the plan asked for {args.vllm_version}")
     record = pathlib.Path("/opt/sparkbuild/sources.txt")
     sources = record.read_text().split() if record.is_file() else []
+    wanted = args.vllm_commit or f"sha256:{args.vllm_wheel_sha256}"
     if not sources:
         problems.append(f"{record} is missing: the source stage did not record the commits it fetched")
-    elif args.vllm_commit not in sources:
-        problems.append(f"vLLM was not built from commit {args.vllm_commit}; sources: {' '.join(sources)}")
+    elif wanted not in sources:
+        problems.append(
+            f"vLLM is not from {'commit ' if args.vllm_commit else 'the wheel of '}{wanted}; sources: {' '.join(sources)}"
+        )
     if problems:
         raise RuntimeError("; ".join(problems))
     import vllm
 
-    return {"version": installed, "commit": args.vllm_commit, "path": str(pathlib.Path(vllm.__file__).parent)}
+    found = {"version": installed, "path": str(pathlib.Path(vllm.__file__).parent)}
+    if args.vllm_commit:
+        return {**found, "commit": args.vllm_commit}
+    # Upstream's wheel names its own commit (vcs-versioning's short form, e.g. g4ba787ec9).
+    from vllm import _version
+
+    return {**found, "wheel_sha256": args.vllm_wheel_sha256, "commit": getattr(_version, "__commit_id__", None)}
+
+
+# Imports each extension module in a process of its own, as vLLM does (torch first); prints one JSON line.
+IMPORT_ALL = """
+import importlib, json, sys, torch
+done, failed = [], {}
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+        done.append(name)
+    except Exception as exc:
+        failed[name] = f"{type(exc).__name__}: {exc}"
+print(json.dumps({"imported": done, "failed": failed}))
+"""
+
+
+def vllm_extensions():
+    """Every compiled module of the installed vLLM, imported; with --kernels none (a rehearsal's
+    Python-only wheel) there must be none."""
+    import importlib.util
+
+    package = pathlib.Path(importlib.util.find_spec("vllm").origin).parent
+    names = sorted(".".join(("vllm", *p.relative_to(package).parent.parts, p.name.split(".")[0])) for p in package.rglob("*.so"))
+    if args.kernels == "none":
+        if names:
+            raise RuntimeError(f"a Python-only vLLM was asked for, and it has compiled modules: {', '.join(names)}")
+        return {"modules": [], "note": "Python-only wheel (rehearsal): no compiled module"}
+    if not names:
+        raise RuntimeError(f"no compiled module under {package}: this vLLM has no kernels")
+    env = dict(os.environ)
+    with tempfile.TemporaryDirectory() as stub_dir:
+        if args.driver_stub:
+            # The loader looks for the driver by its soname; the stub answers every call with an error.
+            os.symlink(args.driver_stub, os.path.join(stub_dir, "libcuda.so.1"))
+            env["LD_LIBRARY_PATH"] = ":".join(p for p in (stub_dir, env.get("LD_LIBRARY_PATH", "")) if p)
+        done = subprocess.run([sys.executable, "-c", IMPORT_ALL, *names], capture_output=True, text=True, check=False, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"importing vLLM's compiled modules failed (exit {done.returncode}): {done.stderr[-2000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if result["failed"]:
+        raise RuntimeError("; ".join(f"{name} does not import: {why}" for name, why in result["failed"].items()))
+    return {"modules": result["imported"], "driver_stub": args.driver_stub, "torch": vllm_torch()}
+
+
+def vllm_torch():
+    """The torch vLLM's metadata requires, and the one installed: the torch its kernels were built against."""
+    from packaging.requirements import Requirement
+
+    required = [r for r in importlib.metadata.requires("vllm") or [] if Requirement(r).name == "torch"]
+    installed = torch.__version__.split("+")[0]
+    for line in required:
+        req = Requirement(line)
+        if (req.marker is None or req.marker.evaluate()) and not req.specifier.contains(installed, prereleases=True):
+            raise RuntimeError(f"vLLM requires {line}, and torch {torch.__version__} is installed")
+    return {
+        "required": required or "none (a source build drops vLLM's torch pin: use_existing_torch.py)",
+        "installed": torch.__version__,
+    }
 
 
 def triton_driver_stub():
@@ -193,6 +271,7 @@ def fastsafetensors():
 for name, func in (
     ("torch", torch_build),
     ("vllm", vllm_source),
+    ("vllm_extensions", vllm_extensions),
     ("triton", triton_driver_stub),
     ("cuda_jit", cuda_jit),
     ("flashinfer", flashinfer_toolkit),

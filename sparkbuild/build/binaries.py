@@ -494,3 +494,21 @@ def require(reports: tuple[FileReport, ...], device: Arch) -> None:
             f"no kernel in {', '.join(str(r.path) for r in with_kernels)} runs on {device.sm()}: "
             f"their code is only for other GPUs ({', '.join(archs)})"
         )
+
+
+def needed(path: Path) -> tuple[str, ...]:
+    """The shared libraries ``path`` names in its dynamic section (DT_NEEDED), in order; () for a
+    file that is not a dynamic ELF object. Read with pyelftools, as the fatbin section is."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.dynamic import DynamicSection
+    from elftools.elf.elffile import ELFFile
+
+    with path.open("rb") as stream:
+        try:
+            elf = ELFFile(stream)
+        except ELFError:
+            return ()
+        dynamic = elf.get_section_by_name(".dynamic")
+        if not isinstance(dynamic, DynamicSection):
+            return ()
+        return tuple(str(getattr(tag, "needed", "")) for tag in dynamic.iter_tags() if tag.entry.d_tag == "DT_NEEDED")

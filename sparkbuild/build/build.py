@@ -15,13 +15,13 @@ import shutil
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
 from sparkbuild.build import base_image, binaries, buildcache, preflight
 from sparkbuild.config.options import Options
-from sparkbuild.errors import BuildError, ConfigError
+from sparkbuild.errors import BuildError, ConfigError, SourceError
 from sparkbuild.oci import push
 from sparkbuild.oci.engine import Engine
 from sparkbuild.oci.registry import Registry
@@ -49,6 +49,8 @@ class BuildResult:
     stages: tuple[StageOutcome, ...]
     # The preflight of the vLLM stage, where this build compiled it (a Spark target).
     preflight: preflight.Report | None = None
+    # check-binary of vLLM's extensions in the image, where it holds real ones (a Spark target).
+    binaries: tuple[binaries.FileReport, ...] | None = None
 
     def summary(self) -> str:
         return ", ".join(f"{s.name} {s.action}" for s in self.stages)
@@ -110,17 +112,25 @@ def build(
         report = run_preflight(engine, plan, opts)
         report.require()
     outcomes = [ensure_stage(engine, registry, plan, stage, opts) for stage in plan.stages]
+    checked = None
     if plan.target.profile == "spark":
-        if plan.target.compile == "rehearse":
-            log.info(f"{plan.id}: rehearsal: no compiled extensions in the image; preflight checked the patched units")
+        if real_kernels(plan):
+            checked = check_binaries(engine, plan.local_ref, plan.target.gpu, opts.out / plan.id)
         else:
-            check_binaries(engine, plan.local_ref, plan.target.gpu, opts.out / plan.id)
-    result = BuildResult(image=plan.local_ref, stages=tuple(outcomes), preflight=report)
+            log.info(f"{plan.id}: rehearsal: no compiled extensions in the image; preflight checked the patched units")
+    result = BuildResult(image=plan.local_ref, stages=tuple(outcomes), preflight=report, binaries=checked)
     out = opts.out / plan.id
     out.mkdir(parents=True, exist_ok=True)
     (out / "stages.json").write_text(json.dumps([s.to_json() for s in outcomes], indent=2) + "\n")
     log.info(f"{plan.id}: {result.summary()}")
     return result
+
+
+def real_kernels(plan: TargetPlan) -> bool:
+    """Whether the image holds vLLM's real compiled extensions: a full compile, or upstream's wheel
+    (a rehearsal too: the same kernels, for this machine's platform)."""
+    wheel = plan.choice is not None and plan.choice.mode == "wheel"
+    return plan.target.profile == "spark" and (plan.target.compile == "full" or wheel)
 
 
 def ensure_stage(engine: Engine, registry: Registry | None, plan: TargetPlan, stage: StagePlan, opts: Options) -> StageOutcome:
@@ -264,6 +274,9 @@ def build_stage(
                 hosts=apart.hosts if apart is not None else {},
             )
         except BuildError as exc:
+            mismatch = wheel_mismatch(log_file)
+            if mismatch is not None:
+                raise SourceError(_mismatch_report(mismatch, plan, log_file)) from exc
             failed = compile_failures(log_file)
             if not failed:
                 raise
@@ -314,6 +327,35 @@ def build_apart(engine: Engine, plan: TargetPlan, opts: Options, apart: Apart) -
     return tuple(outcomes)
 
 
+# --- upstream's wheel whose sha256 is not the lock's ----------------------------------------------
+
+WHEEL_MARK = "sparkbuild-wheel: sha256 mismatch "
+
+
+def wheel_mismatch(log_file: Path) -> dict[str, str] | None:
+    """What the vllm stage's pip found when the wheel it downloaded was not the one the lock pins
+    (``vllm_wheel.py`` prints it): the file, the sha256 pinned and the one it got."""
+    if not log_file.is_file():
+        return None
+    for line in log_file.read_text(encoding="utf-8", errors="replace").splitlines():
+        line = _BUILDKIT_PREFIX.sub("", line)
+        if line.startswith(WHEEL_MARK):
+            words = line[len(WHEEL_MARK) :].split()
+            if len(words) == 5 and words[1] == "expected" and words[3] == "got":
+                return {"file": words[0], "expected": words[2], "got": words[4]}
+    return None
+
+
+def _mismatch_report(found: dict[str, str], plan: TargetPlan, log_file: Path) -> str:
+    url = plan.source_args.get("VLLM_WHEEL_URL", "its URL")
+    return (
+        f"{plan.id}: upstream's wheel {found['file']} from {url} has sha256 {found['got']}, and the lock pins "
+        f"{found['expected']} (pip's --require-hashes refused it): nothing was patched or built from it. The index serves "
+        f"another file than the one resolved, or the lock was edited: run `sparkbuild resolve` to pin the file the index "
+        f"serves now (check-binary judges it again). Log: {log_file}"
+    )
+
+
 # --- a failed compile: every unit that failed, with its first error --------------------------------
 
 COMPILE_MARK = "sparkbuild-compile: json "
@@ -354,8 +396,9 @@ def check_binaries(engine: Engine, image: str, gpu: str, out: Path) -> tuple[bin
         vllm_path = json.loads(info.read_text())["vllm_path"]
         folder = engine.copy_out(image, vllm_path, Path(tmp) / "image")
         device = binaries.Arch.parse(gpu)
-        reports = binaries.check([folder], device)
-        shown = binaries.table(reports, device).replace(str(folder), vllm_path)
+        # Each library named by its path in the image, not in this copy of it.
+        reports = tuple(replace(r, path=Path(vllm_path) / r.path.relative_to(folder)) for r in binaries.check([folder], device))
+        shown = binaries.table(reports, device)
     log.info(shown)
     out.mkdir(parents=True, exist_ok=True)
     (out / "check-binary.txt").write_text(shown + "\n")

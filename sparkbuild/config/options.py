@@ -45,7 +45,8 @@ VARIABLES: dict[str, str] = {
     "SPARKBUILD_OUT": "build logs, verify results, `summary.json` (default `./sparkbuild-out`)",
     "SPARKBUILD_DATE": "the date in readable tags (default: today, UTC)",
     "SPARKBUILD_CA_BUNDLE": "CA bundle given to pip in builds as a BuildKit secret, never in a layer",
-    "SPARKBUILD_PYPI_SIMPLE": "PEP 503 index for sdists (default `https://pypi.org/simple/`)",
+    "SPARKBUILD_PYPI_SIMPLE": "PEP 503 index for sdists and for the upstream vLLM wheels `resolve` pins "
+    "(default `https://pypi.org/simple/`)",
     "SPARKBUILD_TORCH_CPU_INDEX": "PyTorch's CPU index, for `torch_index: auto` on the local profile where no `find-links` "
     "folder holds the wheel (default: `defaults.yaml` `options:`)",
     "SPARKBUILD_MATRIX": "the matrix file (default `./matrix.yaml`)",

@@ -68,6 +68,7 @@ class Acceptance:
             "image_size_gb",
             "vllm",
             "vllm_commit",
+            "vllm_from",
             "torch",
             "cuda",
             "arch_list",
@@ -109,6 +110,8 @@ def accept(opts: Options) -> Acceptance:
         "gpu": p.target.gpu if p.target.cuda else "none",
         "content_tag": p.content_tag,
     }
+    if p.choice is not None:
+        result.facts["vllm_from"] = p.choice.text()
     doctor.require([p.target], opts, registry=False)
     engine = Engine()
     out = opts.out / p.id

@@ -40,11 +40,18 @@ def named(profile: str, stage: str) -> bool:
 UNKNOWN_STAGE_GB = 10
 
 
+def stage_name(plan: TargetPlan, stage: str) -> str:
+    """The table's name of a stage: a vllm stage that installs upstream's wheel is ``vllm_wheel``
+    (a wheel of a few hundred MB, where the compile's stage is tens of GB)."""
+    wheel = plan.choice is not None and plan.choice.mode == "wheel"
+    return "vllm_wheel" if wheel and stage == "vllm" else stage
+
+
 def estimate(plan: TargetPlan) -> dict[str, float]:
     """GB per stage in the engine, and the pushed image in the registry (shown by `sparkbuild plan`)."""
     profile = plan.target.profile
     return {
-        **{s.name: stage_gb(profile, s.name) for s in plan.stages},
+        **{s.name: stage_gb(profile, stage_name(plan, s.name)) for s in plan.stages},
         "registry": float(_table()["registry"].get(profile, 10)),
     }
 
@@ -71,7 +78,7 @@ def needs(
     plans = list(plans)
     result = [Need("the cache", cache, float(_table()["cache_gb"]), ("check model, build contexts",))]
     if engine_root is not None:
-        stages = {s.ref: (p.target.profile, s.name) for p in plans for s in p.stages}
+        stages = {s.ref: (p.target.profile, stage_name(p, s.name)) for p in plans for s in p.stages}
         missing = {ref: stage_gb(*key) for ref, key in stages.items() if not in_engine(ref)}
         if missing:
             why = tuple(f"{ref} ~{gb:g} GB" for ref, gb in missing.items())

@@ -11,6 +11,11 @@ real requirements and image checks. What a rehearsal swaps, each listed in its r
 - in the templates: vLLM's kernel compile (preflight runs vLLM's own configure, audited for the
   target GPU, and compiles the patched units; the wheel is Python-only), FlashInfer's AOT modules
   where the target asks for them, FlashInfer's cubin download, and the binary check;
+- a target built from upstream's wheel (``vllm_from``: sparkbuild.plan.vllmfrom) keeps its kernels:
+  the rehearsal pins upstream's wheel of the release for this machine's platform (the x86_64 wheel
+  for the aarch64 one: the same kernels, built by upstream for another CPU), judged by check-binary
+  for the target's GPU, and builds from it; the image holds vLLM's real compiled extensions, which its
+  check imports, and check-binary runs on them (``kernels: real``; a source build's are ``swapped``);
 - with ``--offline``: each source GitHub alone has, for a marked stand-in (``sparkbuild.lanes.offline``):
   CUTLASS (the headers of FlashInfer's sdist, another version than the pinned one) and every
   project vLLM's CMake clones;
@@ -36,9 +41,9 @@ import requests
 from sparkbuild.build import build, closure, preflight
 from sparkbuild.config.options import Options
 from sparkbuild.errors import FatalError
-from sparkbuild.lanes import offline
+from sparkbuild.lanes import offline, upstream_wheel
 from sparkbuild.oci.engine import Engine
-from sparkbuild.plan import plan
+from sparkbuild.plan import lock, plan, vllmfrom
 from sparkbuild.plan.matrix import Base, Matrix, Target
 from sparkbuild.upstream import gitrepo, sources
 from sparkbuild.util import log
@@ -96,24 +101,39 @@ def describe_base(base: Base) -> str:
     return base.name
 
 
-def swapped(target: Target, rehearsed: Target) -> list[str]:
+def swapped(target: Target, rehearsed: Target, choice: vllmfrom.Choice | None = None) -> list[str]:
     """Everything the rehearsal builds differently from the runner, one line each (sources come later)."""
-    lines = [f"platform: {target.platform} -> {rehearsed.platform} (this machine's, no emulation)"]
+    wheel = choice.wheel if choice is not None and choice.mode == "wheel" else None
+    if wheel is not None:
+        machine = upstream_wheel.MACHINES.get(target.platform, target.platform)
+        lines = [
+            f"platform: {target.platform} -> {rehearsed.platform} (this machine's, no emulation): upstream's "
+            f"{wheel.filename} for its {machine} wheel of vLLM {target.vllm.version}, the same kernels built for another CPU"
+        ]
+    else:
+        lines = [f"platform: {target.platform} -> {rehearsed.platform} (this machine's, no emulation)"]
     seen: set[str] = set()
     for role in ("base", "runtime_base", "ptxas_base", "source_base"):
         before, after = getattr(target, role), getattr(rehearsed, role)
         if before != after and before.name not in seen:
             seen.add(before.name)
             lines.append(f"base {before.name}: {describe_base(before)} -> {describe_base(after)}")
-    lines.append(
-        "template vllm: the kernel compile -> preflight (vLLM's configure, the audit, the patched units "
-        "compiled) and a Python-only wheel (VLLM_TARGET_DEVICE=empty)"
-    )
+    if wheel is None:
+        lines.append(
+            "template vllm: the kernel compile -> preflight (vLLM's configure, the audit, the patched units "
+            "compiled) and a Python-only wheel (VLLM_TARGET_DEVICE=empty)"
+        )
     if target.flashinfer is not None and target.flashinfer_aot:
         lines.append("template flashinfer: the AOT modules (flashinfer-jit-cache) -> not compiled")
     if target.flashinfer is not None:
         lines.append("template runtime: `flashinfer download-kernels` -> not run (FlashInfer's artifact host)")
-    lines.append("build: check-binary of vLLM's extensions -> not run (none compiled)")
+    if wheel is None:
+        lines.append("build: check-binary of vLLM's extensions -> not run (none compiled)")
+    else:
+        lines.append(
+            "template runtime: the CUDA driver vLLM's extensions link -> the build base's stub libcuda.so "
+            "(made from cuda.h here; the runner's is NVIDIA's), for the import check only"
+        )
     return lines
 
 
@@ -129,6 +149,10 @@ class Rehearsal:
     sources: str = ""
     relaxed: tuple[str, ...] = ()
     swapped: list[str] = field(default_factory=list)
+    # "real": the image holds vLLM's compiled extensions (upstream's wheel); "swapped": a Python-only wheel.
+    kernels: str | None = None
+    vllm_from: vllmfrom.Choice | None = None
+    check_binary: dict[str, Any] | None = None
     # Why this machine cannot rehearse the target (None: it can).
     not_rehearsable: str | None = None
     error: str | None = None
@@ -146,6 +170,9 @@ class Rehearsal:
             "sources": self.sources,
             "relaxed": list(self.relaxed),
             "swapped": self.swapped,
+            "kernels": self.kernels,
+            "vllm_from": None if self.vllm_from is None else self.vllm_from.to_json(),
+            "check_binary": self.check_binary,
             "not_rehearsable": self.not_rehearsable,
             "error": self.error,
             "seconds": round(self.seconds, 1),
@@ -157,9 +184,16 @@ def rehearsable(m: Matrix, opts: Options) -> tuple[Target, ...]:
     return plan.select(tuple(t for t in m.targets if t.profile == "spark" and t.vllm.kind != "candidate"), opts.only, None)
 
 
+def pins_of(opts: Options) -> lock.Lock:
+    """The lock's pins (none where there is no lock file yet)."""
+    path = opts.lock or lock.default_path(opts.matrix)
+    return lock.read(path) if path.is_file() else lock.Lock()
+
+
 def rehearse(opts: Options, *, offline_sources: bool) -> list[Rehearsal]:
     """Rehearse every selected Spark target; every target is tried, failures are reported per target."""
     m = plan.load_matrix(opts)
+    pins = pins_of(opts)
     targets = rehearsable(m, opts)
     results = [Rehearsal(target=t.id) for t in targets]
     engine = Engine()
@@ -167,33 +201,44 @@ def rehearse(opts: Options, *, offline_sources: bool) -> list[Rehearsal]:
         url = stack.enter_context(gitrepo.daemon(opts.cache / "offline")) if offline_sources else None
         for target, result in zip(targets, results, strict=True):
             with log.step(f"Rehearsing {target.id}"):
-                _one(engine, m, target, opts, url, result)
+                _one(engine, m, pins, target, opts, url, result)
     return results
 
 
 @dataclass(frozen=True, kw_only=True)
 class Prepared:
-    """A target as the rehearsal builds it: the target swapped (``rehearsal_target``, offline sources
-    applied), what was swapped, and where its sources come from."""
+    """A target as the rehearsal builds it: the target swapped (``rehearsal_target``, upstream's wheel
+    for this platform where it may use one, offline sources applied), where its vLLM comes from, what
+    was swapped, and where its sources come from."""
 
     target: Target
+    choice: vllmfrom.Choice | None
     swapped: list[str]
     sources: str = ""
 
+    @property
+    def wheel_mode(self) -> bool:
+        return self.choice is not None and self.choice.mode == "wheel"
 
-def prepare(m: Matrix, target: Target, opts: Options, url: str | None) -> Prepared:
-    """``target`` made ready to rehearse (NotRehearsable where this machine cannot); with ``url`` (the
-    git daemon's) its sources are the offline ones, fetched into the cache."""
+
+def prepare(m: Matrix, target: Target, opts: Options, url: str | None, pins: lock.Lock | None = None) -> Prepared:
+    """``target`` made ready to rehearse (NotRehearsable where this machine cannot): upstream's wheel
+    for this platform pinned where the target may build from it; with ``url`` (the git daemon's) its
+    sources are the offline ones, fetched into the cache."""
     rehearsed = rehearsal_target(target, m)
     _require_torch_index(rehearsed)
-    lines, described = swapped(target, rehearsed), ""
-    if url is not None:
-        found = offline.prepare(rehearsed, opts.cache)
-        described = offline.describe(found)
-        lines += offline.swapped(found, target)
-        log.info(described)
-        rehearsed = found.apply(rehearsed)
-    return Prepared(target=rehearsed, swapped=lines, sources=described)
+    wheel = rehearsal_wheel(target, rehearsed, m, pins_of(opts) if pins is None else pins, opts)
+    rehearsed = replace(rehearsed, wheel=wheel)
+    choice = plan.choice_of(rehearsed, m.patch_folders)
+    prepared = Prepared(target=rehearsed, choice=choice, swapped=swapped(target, rehearsed, choice))
+    if url is None:
+        return prepared
+    found = offline.prepare(rehearsed, opts.cache)
+    described = offline.describe(found)
+    log.info(described)
+    # A build from the wheel fetches no vLLM, CUTLASS or external project: nothing of theirs is swapped.
+    lines = prepared.swapped + ([] if prepared.wheel_mode else offline.swapped(found, target))
+    return replace(prepared, target=found.apply(rehearsed), swapped=lines, sources=described)
 
 
 def plan_of(prepared: Prepared, m: Matrix, opts: Options, url: str | None) -> plan.TargetPlan:
@@ -205,16 +250,18 @@ def plan_of(prepared: Prepared, m: Matrix, opts: Options, url: str | None) -> pl
     return p
 
 
-def _one(engine: Engine, m: Matrix, target: Target, opts: Options, url: str | None, result: Rehearsal) -> None:
+def _one(engine: Engine, m: Matrix, pins: lock.Lock, target: Target, opts: Options, url: str | None, result: Rehearsal) -> None:
     start = time.monotonic()
     try:
         try:
-            prepared = prepare(m, target, opts, url)
+            result.status = "pinning"
+            prepared = prepare(m, target, opts, url, pins)
         except NotRehearsable as exc:
             result.status, result.not_rehearsable = "not rehearsable", str(exc)
             log.warning(f"{target.id}: not rehearsable here: {exc}")
             return
         rehearsed = prepared.target
+        result.vllm_from, result.kernels = prepared.choice, "real" if prepared.wheel_mode else "swapped"
         result.relaxed = rehearsed.relax
         result.swapped, result.sources = prepared.swapped, prepared.sources
         # The closure of the image as the runner builds it (its platform and runtime base), with
@@ -225,12 +272,15 @@ def _one(engine: Engine, m: Matrix, target: Target, opts: Options, url: str | No
         closure.log_closure(result.closure)
         closure.require(result.closure)
         p = plan_of(prepared, m, opts, url)
-        result.status = "preflight"
-        result.preflight = build.run_preflight(engine, p, opts)
-        result.preflight.require()
+        if build.preflighted_stage(p) is not None:
+            result.status = "preflight"
+            result.preflight = build.run_preflight(engine, p, opts)
+            result.preflight.require()
         result.status = "building"
         outcome = build.build(engine, p, opts, check_first=False)
         result.image, result.stages = outcome.image, outcome.stages
+        if outcome.binaries is not None:
+            result.check_binary = _binaries_summary(outcome.binaries)
         result.checks = _image_checks(engine, outcome.image)
         result.status = "rehearsed"
     except FatalError as exc:
@@ -238,6 +288,35 @@ def _one(engine: Engine, m: Matrix, target: Target, opts: Options, url: str | No
         log.error(f"{target.id}: {exc}")
     finally:
         result.seconds = time.monotonic() - start
+
+
+def rehearsal_wheel(target: Target, rehearsed: Target, m: Matrix, pins: lock.Lock, opts: Options) -> lock.WheelPin | None:
+    """Upstream's wheel of the target's release for this machine's platform, where the target may
+    build from a wheel: the lock's pin when it has one for this platform, else pinned here for real
+    (the index, the download checked by sha256, check-binary for the target's GPU)."""
+    if target.vllm.kind != "version" or target.vllm_from == "source":
+        return None
+    if vllmfrom.compiled_changes(target.patches, m.patch_folders):
+        return None  # a patch needs the compile: no wheel to pin (the plan says which patch)
+    found = pins.wheel(target.vllm.version, rehearsed.platform)
+    if found is not None:
+        log.info(f"{target.id}: upstream's wheel for {rehearsed.platform} as the lock pins it: {found.filename or found.missing}")
+        return found
+    base = rehearsed.runtime_base
+    if base.python is None or base.glibc is None:
+        raise NotRehearsable(f"the rehearsal's runtime base {base.name} says no python: or glibc: to choose a wheel for")
+    with log.step(f"Upstream's vLLM {target.vllm.version} wheel for {rehearsed.platform} (the rehearsal's platform)"):
+        return upstream_wheel.pin(
+            target.vllm.version, rehearsed.platform, (target.gpu,), python=base.python, glibc=base.glibc, cache=opts.cache
+        )
+
+
+def _binaries_summary(reports: tuple[Any, ...]) -> dict[str, Any]:
+    """check-binary of the image's extensions, per library: its verdict and counts."""
+    libraries = [
+        {"path": str(r.path), "ok": r.ok, "kernels": len(r.kernels), "counts": r.counts()} for r in reports if r.ok is not None
+    ]
+    return {"ok": all(lib["ok"] for lib in libraries) and bool(libraries), "libraries": libraries}
 
 
 def _require_torch_index(target: Target) -> None:
@@ -274,6 +353,12 @@ def table(results: list[Rehearsal]) -> str:
             lines += [f"    {line}" for line in r.swapped]
         if r.sources:
             lines += ["  " + line for line in r.sources.splitlines()]
+        if r.vllm_from is not None:
+            lines.append(f"  vllm from: {r.vllm_from.text()}; kernels: {r.kernels}")
+        if r.check_binary is not None:
+            verdict = "passes" if r.check_binary["ok"] else "FAILS"
+            count = len(r.check_binary["libraries"])
+            lines.append(f"  check-binary of the image's extensions: {verdict} ({count} libraries with GPU code)")
         if r.relaxed:
             lines.append(f"  RELAXED for this machine's package index (the runner installs vLLM's pins): {', '.join(r.relaxed)}")
         if r.stages:

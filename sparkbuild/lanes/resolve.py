@@ -1,12 +1,17 @@
-"""Resolve: pin every git ref of every target to a commit and every base image to a digest.
+"""Resolve: pin every git ref of every target to a commit and every base image to a digest, and
+upstream's vLLM wheel of each Spark release target that may build from it.
 
 One ``ls-remote`` per repository answers every ref in it; an abbreviated SHA is expanded in the
 local mirror. A ref that names nothing is an error with the nearest existing tags, never a
-fallback to a branch. The result is the lock file that plan, build and the lanes read.
+fallback to a branch. The wheels come from the package index (``sparkbuild.lanes.upstream_wheel``:
+downloaded, checked by sha256, judged by check-binary for each target's GPU). The result is the
+lock file that plan, build and the lanes read; ``wheels_only`` pins the wheels alone and keeps every
+other pin of the lock (a machine that reaches the package index but not GitHub).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import re
 import tempfile
@@ -17,9 +22,10 @@ from typing import Any
 
 from sparkbuild.config.options import Options
 from sparkbuild.errors import ConfigError, PublishError
+from sparkbuild.lanes import upstream_wheel
 from sparkbuild.oci import registry
 from sparkbuild.plan import lock, matrix, plan
-from sparkbuild.upstream import externals, gitrepo
+from sparkbuild.upstream import externals, gitrepo, sources
 from sparkbuild.util import log
 
 _SHA = re.compile(r"^[0-9a-f]{40}$")
@@ -80,23 +86,35 @@ def git_refs(targets: tuple[matrix.Target, ...]) -> dict[tuple[str, str, str], d
     return refs
 
 
-def resolve(opts: Options) -> Result:
-    """Pin everything the matrix names; write the lock file; return what was pinned."""
+def resolve(opts: Options, *, wheels_only: bool = False) -> Result:
+    """Pin everything the matrix names (``wheels_only``: upstream's wheels alone, every other pin of
+    the lock kept); write the lock file; return what was pinned."""
     path = opts.lock or lock.default_path(opts.matrix)
     previous = lock.read(path) if path.is_file() else lock.Lock()
     m = matrix.load(opts.matrix)  # without the old lock: every ref is asked again
+    wheels, wheel_pins = _pin_wheels(opts, m, previous)
+    if wheels_only:
+        new = dataclasses.replace(previous, file=None, wheels=wheels, resolved_at=_now())
+        new.write(path)
+        log.info(f"wrote {path}: {len(wheels)} upstream wheel(s); every other pin as it was")
+        return Result(lock=new, pins=tuple(wheel_pins), path=path)
     git_pins = _pin_git(opts, m.targets, previous)
     found, external_pins = _pin_externals(opts, m, git_pins, previous)
-    pins = [*git_pins, *external_pins, *_pin_images(m, previous)]
+    pins = [*git_pins, *external_pins, *_pin_images(m, previous), *wheel_pins]
     new = lock.Lock(
         git=_nested((p.source, p.ref, p.value) for p in pins if p.how in ("ls-remote", "mirror")),
         images={p.source: p.value for p in pins if p.how == "registry"},
-        resolved_at=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        resolved_at=_now(),
         externals=found,
+        wheels=wheels,
     )
     new.write(path)
     log.info(f"wrote {path}: {len(new.git)} repositories, {len(new.images)} images")
     return Result(lock=new, pins=tuple(pins), path=path)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _nested(items: Any) -> dict[str, dict[str, str]]:
@@ -202,6 +220,46 @@ def _pin_images(m: matrix.Matrix, previous: lock.Lock) -> list[Pin]:
     return pins
 
 
+# --- upstream's wheels ------------------------------------------------------------------------
+
+
+def wheel_targets(m: matrix.Matrix) -> dict[tuple[str, str], list[matrix.Target]]:
+    """(vLLM version, platform) -> the Spark targets that may build from upstream's wheel of it."""
+    found: dict[tuple[str, str], list[matrix.Target]] = {}
+    for t in m.targets:
+        if t.profile == "spark" and t.vllm.kind == "version" and t.vllm_from != "source":
+            found.setdefault((t.vllm.version, t.platform), []).append(t)
+    return found
+
+
+def _pin_wheels(opts: Options, m: matrix.Matrix, previous: lock.Lock) -> tuple[dict[str, dict[str, Any]], list[Pin]]:
+    wheels: dict[str, dict[str, Any]] = {}
+    pins: list[Pin] = []
+    for (version, platform), targets in wheel_targets(m).items():
+        base = targets[0].runtime_base
+        gpus = tuple(dict.fromkeys(t.gpu for t in targets))
+        if base.python is None or base.glibc is None:
+            # Which wheel installs there is not known: these targets compile, and their plans say why.
+            why = f"the runtime base {base.name} says no python: or glibc: (bases: in the matrix), which choose the wheel"
+            found = lock.WheelPin(version=version, platform=platform, index=sources.simple_index(), missing=why)
+        else:
+            with log.step(f"Upstream's vLLM {version} wheel for {platform}"):
+                found = upstream_wheel.pin(version, platform, gpus, python=base.python, glibc=base.glibc, cache=opts.cache)
+        wheels[lock.wheel_key(version, platform)] = found.to_json()
+        before = previous.wheel(version, platform)
+        users = tuple(t.id for t in targets)
+        if found.missing is not None:
+            log.warning(found.missing)
+            pins.append(Pin(f"vllm {version} wheel {platform}", found.index, version, "none", "index", users, None))
+            continue
+        assert found.sha256 is not None and found.filename is not None
+        was = before.sha256 if before is not None else None
+        pins.append(Pin(f"vllm {version} wheel {platform}", found.url or "", found.filename, found.sha256, "index", users, was))
+        for gpu, verdict in found.check_binary.items():
+            log.info(f"{found.filename}: check-binary for GPU {gpu}: {'passes' if verdict.ok else 'FAILS'} ({verdict.text()})")
+    return wheels, pins
+
+
 def table(result: Result) -> str:
     header = ("pinned", "ref", "commit / digest", "how", "change")
     rows = [
@@ -209,4 +267,13 @@ def table(result: Result) -> str:
     ]
     widths = [max(len(c) for c in col) for col in zip(header, *rows, strict=True)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in (header, *rows)]
+    for key in sorted(result.lock.wheels):
+        found = lock.WheelPin.from_json(result.lock.wheels[key])
+        if found.missing is not None:
+            lines.append(f"{key}: no wheel: {found.missing}")
+            continue
+        for gpu, verdict in sorted(found.check_binary.items()):
+            said = "passes" if verdict.ok else "FAILS"
+            lines.append(f"{found.filename}: check-binary for GPU {gpu} {said} ({verdict.text()})")
+        lines.append(f"{found.filename}: requires {found.torch or 'no torch'}, links CUDA {found.cuda or 'none'}")
     return "\n".join([*lines, f"lock: {result.path}"])

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from sparkbuild.errors import FatalError, PatchError
-from sparkbuild.patch import engine, meta
+from sparkbuild.patch import engine, meta, scope
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,6 +22,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", required=True, help="vLLM version of the tree")
     parser.add_argument("--patches", type=Path, default=None)
     parser.add_argument("--patch", dest="names", action="append", default=[])
+    parser.add_argument(
+        "--installed",
+        action="store_true",
+        help="the tree is an unpacked wheel: a patch may change the vllm/ package's Python files only",
+    )
     args = parser.parse_args(argv)
     try:
         report = engine.check(
@@ -30,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
             args.version,
         )
         print(engine.table(report), flush=True)
+        if args.installed:
+            scope.require_installed(report)
         if args.action == "apply":
             print(f"patched {len(engine.apply(report))} file(s); record in {args.source / engine.RECORD}", flush=True)
         elif not report.ok:

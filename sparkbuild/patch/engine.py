@@ -9,6 +9,7 @@ reads ``applied`` keeps the entry of the apply that made its change.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from sparkbuild.errors import ConfigError, PatchError
 from sparkbuild.patch import diff, pullrequest, rules
 from sparkbuild.patch.meta import Patch
 from sparkbuild.patch.overlay import STATUSES, Outcome, Overlay, Status
+from sparkbuild.util import fsutil
 
 RECORD = ".sparkbuild-patches.json"
 
@@ -101,7 +103,8 @@ def _run_one(p: Patch, overlay: Overlay, tree: Path, recorded: dict[str, dict[st
         if overlay.exists(d.file) and d.contains in overlay.read(d.file):
             return Outcome("upstream", f"{d.file} already has {d.contains!r}")
     if p.rule is not None:
-        return rules.load(p.rule).run(overlay, p.folder)
+        rule = rules.load(p.rule)
+        return _declared(rule, p, rule.run(overlay, p.folder))
     if p.pr is not None:
         outcome = pullrequest.run(p.pr, overlay, p.folder)
         files = pullrequest.files(p.folder, p.pr)
@@ -112,6 +115,19 @@ def _run_one(p: Patch, overlay: Overlay, tree: Path, recorded: dict[str, dict[st
     # A diff (or a PR) cannot tell its own result from upstream's; the record of an earlier apply can.
     if outcome.status == "upstream" and recorded.get(p.name, {}).get("status") == "applies":
         return Outcome("applied", f"the change is in the tree, and {RECORD} says sparkbuild applied it", files=files)
+    return outcome
+
+
+def _declared(rule: rules.RuleModule, p: Patch, outcome: Outcome) -> Outcome:
+    """``outcome``, unless the rule edited a file outside the globs its module declares in WRITES:
+    a plan decides what a patch needs (a source build or upstream's wheel) from that declaration."""
+    allowed = re.compile("|".join(f"(?:{fsutil.glob_regex(g)})" for g in rule.writes) or "(?!)")
+    outside = [e.path for e in outcome.edits if not allowed.fullmatch(e.path)]
+    if outside:
+        raise PatchError(
+            f"patch {p.name}: rule {rule.name} changed {', '.join(outside)}, outside the files its module declares "
+            f"in WRITES ({', '.join(rule.writes) or 'none'}); add them there (a bug in the rule, not in the tree)"
+        )
     return outcome
 
 

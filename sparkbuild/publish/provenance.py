@@ -117,11 +117,15 @@ def external_parameters(p: plan.TargetPlan, files: Files) -> dict[str, Any]:
 
 
 def resolved_dependencies(p: plan.TargetPlan, files: Files) -> list[dict[str, Any]]:
-    """Every material: each source at its commit, each base image by digest (or by recipe for a
-    base sparkbuild makes), each patch's hash, the matrix and the lock file."""
+    """Every material: each source at its commit, upstream's vLLM wheel by its URL and sha256 (a build
+    from the wheel), each base image by digest (or by recipe for a base sparkbuild makes), each
+    patch's hash, the matrix and the lock file."""
     found: list[dict[str, Any]] = [
         {"uri": f"git+{repo}", "name": name, "digest": {"gitCommit": commit}} for name, repo, commit in sources(p.inputs)
     ]
+    wheel = p.choice.wheel if p.choice is not None and p.choice.mode == "wheel" else None
+    if wheel is not None and wheel.url and wheel.sha256:
+        found.append({"uri": wheel.url, "name": f"vllm-wheel:{wheel.filename}", "digest": {"sha256": wheel.sha256}})
     for role, base in plan.bases(p.target).items():
         ref, identity = base_recipe.reference(base, p.target.platform)
         kind, _, value = identity.partition(":")
@@ -164,7 +168,8 @@ SOURCE_INPUTS = ("vllm", "candidate", "triton", "flashinfer", "cutlass")
 def sources(inputs: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     """(name, repository URL, commit) of every component built from source, from a plan's inputs
     (the manifest in the image): vLLM, its candidate, Triton, FlashInfer, CUTLASS and vLLM's
-    external projects. The SBOM lists the same."""
+    external projects. The SBOM lists the same. (A build from upstream's wheel has no vLLM commit,
+    CUTLASS or external project in its inputs: its vLLM material is the wheel.)"""
     found = []
     for name in SOURCE_INPUTS:
         source = inputs.get(name) or {}

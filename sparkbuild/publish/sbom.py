@@ -129,6 +129,7 @@ def make(contents: ImageContents, *, image: str, digest: str | None) -> Bom:
         *python_components(contents.pip_report, contents.installed),
         *deb_components(contents.debs, contents.distro),
         *source_components(contents.manifest.get("inputs") or {}),
+        *wheel_components(contents.manifest.get("inputs") or {}),
     ]
     for component in components:
         bom.components.add(component)
@@ -223,6 +224,27 @@ def source_components(inputs: Mapping[str, Any]) -> list[Component]:
             properties=_props("source", commit=commit, repository=repo),
         )
         for name, repo, commit in provenance.sources(inputs)
+    ]
+
+
+def wheel_components(inputs: Mapping[str, Any]) -> list[Component]:
+    """Upstream's vLLM wheel a Spark image was built from (``vllm_from`` in the plan's inputs), by
+    file name and sha256: what the image's vLLM is, before the patch set changed its Python files."""
+    wheel = inputs.get("vllm_from") or {}
+    if wheel.get("mode") != "wheel" or not wheel.get("wheel") or not wheel.get("sha256"):
+        return []
+    filename, sha256 = str(wheel["wheel"]), str(wheel["sha256"])
+    version = filename.split("-")[1] if filename.count("-") >= 4 else "unknown"
+    return [
+        Component(
+            type=ComponentType.LIBRARY,
+            name="vllm",
+            version=version,
+            purl=PackageURL(type="pypi", name="vllm", version=version, qualifiers={"file_name": filename}),
+            bom_ref=f"upstream-wheel:{filename}",
+            hashes=[HashType(alg=HashAlgorithm.SHA_256, content=sha256)],
+            properties=_props("upstream-wheel", file=filename, sha256=sha256),
+        )
     ]
 
 

@@ -25,8 +25,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from sparkbuild.errors import ConfigError
-from sparkbuild.upstream import kernelpath, logcalls, sources
-from sparkbuild.util import yamlsrc
+from sparkbuild.upstream import kernelpath, logcalls
+from sparkbuild.util import fsutil, yamlsrc
 
 # The statements of a release are cached beside its tree, for this version of the reader.
 CACHE = ".sparkbuild-log-statements.json"
@@ -71,7 +71,7 @@ class Source:
 
 @cache
 def _files(globs: tuple[str, ...]) -> re.Pattern[str]:
-    return re.compile("|".join(f"(?:{sources.glob_regex(g)})" for g in globs))
+    return re.compile("|".join(f"(?:{fsutil.glob_regex(g)})" for g in globs))
 
 
 @cache
@@ -136,7 +136,7 @@ def read_release(version: str, tree: Path, patterns: Sequence[str]) -> Release:
         if data.get("key") == key:
             names = {file: frozenset(found) for file, found in data["names"].items()}
             return Release(version, tuple(map(_statement, data["statements"])), names)
-    wanted = re.compile("|".join(f"(?:{sources.glob_regex(p)})" for p in patterns))
+    wanted = re.compile("|".join(f"(?:{fsutil.glob_regex(p)})" for p in patterns))
     files = [p for p in tree.rglob("*.py") if wanted.fullmatch(p.relative_to(tree).as_posix())]
     # Only a file whose text can hold a choice statement is parsed for statements (most cannot).
     texts = {p: p.read_text(encoding="utf-8", errors="replace") for p in files}

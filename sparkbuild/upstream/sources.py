@@ -29,6 +29,7 @@ from packaging.version import InvalidVersion, Version
 from sparkbuild.config import options
 from sparkbuild.errors import ConfigError, SourceError
 from sparkbuild.util import cmd, log
+from sparkbuild.util.fsutil import glob_regex
 
 DEFAULT_SIMPLE_INDEX = "https://pypi.org/simple/"
 _CHUNK = 1 << 20
@@ -275,25 +276,6 @@ def unpack_matching(archive: Path, tree: Path, top: str, patterns: tuple[str, ..
             child.rename(staging / child.name)
         (staging / top).rmdir()
     return count
-
-
-def glob_regex(pattern: str) -> str:
-    """A path glob as a regular expression: ``**/`` any folders (none included), ``*`` and ``?``
-    within one name."""
-    out = ""
-    i = 0
-    while i < len(pattern):
-        if pattern.startswith("**/", i):
-            out, i = out + "(?:[^/]+/)*", i + 3
-        elif pattern.startswith("**", i):
-            out, i = out + ".*", i + 2
-        elif pattern[i] == "*":
-            out, i = out + "[^/]*", i + 1
-        elif pattern[i] == "?":
-            out, i = out + "[^/]", i + 1
-        else:
-            out, i = out + re.escape(pattern[i]), i + 1
-    return out
 
 
 @contextmanager

@@ -4,6 +4,7 @@ never reach outside the folder they belong to."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -56,3 +57,22 @@ def files(folder: Path) -> list[Path]:
                 raise ConfigError(f"{path} is a symlink to {path.resolve()}, outside {folder}; copy the file in instead")
         found += [Path(parent) / n for n in names if (Path(parent) / n).is_file()]
     return sorted(found)
+
+
+def glob_regex(pattern: str) -> str:
+    """A path glob as a regular expression: ``**/`` any folders (none included), ``*`` and ``?``
+    within one name."""
+    out = ""
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out, i = out + "(?:[^/]+/)*", i + 3
+        elif pattern.startswith("**", i):
+            out, i = out + ".*", i + 2
+        elif pattern[i] == "*":
+            out, i = out + "[^/]*", i + 1
+        elif pattern[i] == "?":
+            out, i = out + "[^/]", i + 1
+        else:
+            out, i = out + re.escape(pattern[i]), i + 1
+    return out

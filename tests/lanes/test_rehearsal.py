@@ -1,13 +1,20 @@
 """The Spark build rehearsed here, for real: `sparkbuild rehearse --offline` of the shipped
 vllm-0.33.0-cu130-sm121 target, from local git remotes made from the real 0.33.0 and FlashInfer
-0.7.2.post1 sdists, on CUDA bases made from NVIDIA's PyPI wheels.
+0.7.2.post1 sdists, on CUDA bases made from NVIDIA's PyPI wheels; built both ways a Spark target can be.
 
-Every stage template is built with BuildKit; vLLM's own CMake configure runs for the target's arch
-list and is audited for the Spark's GPU (the shipped target needs no patch, so none is compiled);
-the runtime image runs its checks. Then the same rehearsal is made to fail the way users fear: an
-arch list whose cubins do not load on sm_121, a patched unit that does not compile for the code it
-gets (beside e2m1-software's patched FP4 units, compiled with nvcc and checked with cuobjdump), and
-a patch set whose CUDA change no unit of the configure compiles.
+From source (``vllm_from: source``): every stage template is built with BuildKit; vLLM's own CMake
+configure runs for the target's arch list and is audited for the Spark's GPU (the shipped target
+needs no patch, so none is compiled); the runtime image runs its checks. Then the same rehearsal is
+made to fail the way users fear: an arch list whose cubins do not load on sm_121, a patched unit that
+does not compile for the code it gets (beside e2m1-software's patched FP4 units, compiled with nvcc
+and checked with cuobjdump), and a patch set whose CUDA change no unit of the configure compiles.
+
+From upstream's wheel (``vllm_from: auto`` with a Python-only patch made here from a real file of the
+0.33.0 tree): the rehearsal pins upstream's x86_64 0.33.0 wheel from PyPI (the same kernels as the
+Spark's aarch64 one), the patch engine changes its Python file, and the runtime image holds vLLM's
+real compiled extensions: each imports there, check-binary passes on them for 12.1, and the torch
+installed is the one the wheel requires. A lock pinning the wheel with a wrong sha256 stops its
+stage at pip's hash check, with one message.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import json
 import shutil
 import signal
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +31,14 @@ import pytest
 import yaml
 from packaging.utils import parse_wheel_filename
 
+from sparkbuild.build import build
 from sparkbuild.config.options import Options
+from sparkbuild.errors import SourceError
 from sparkbuild.lanes.rehearse import rehearsal_target
 from sparkbuild.oci import push
 from sparkbuild.oci.engine import Engine
 from sparkbuild.oci.registry import Registry
-from sparkbuild.plan import matrix, plan
+from sparkbuild.plan import lock, matrix, plan
 from sparkbuild.publish import wheels
 from sparkbuild.upstream import externals, sources
 from tests.support import ROOT, cli
@@ -37,6 +47,10 @@ from tests.support.procs import pids_where
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 TARGET = "vllm-0.33.0-cu130-sm121"
+# The shipped target built from upstream's wheel, with a Python-only patch made by the test.
+WHEEL_TARGET = "vllm-0.33.0-cu130-wheel"
+PYTHON_FILE = "vllm/v1/attention/backends/flashinfer.py"
+PYTHON_LINE = "# sparkbuild test: a Python-only patch (tests/lanes/test_rehearsal.py)"
 
 
 # The build machine as the plan sees it, fixed so the test knows the jobs it must give the compile.
@@ -48,10 +62,35 @@ def rehearse(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def shipped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """`sparkbuild rehearse --offline` of the shipped matrix as it is: every Spark target tried."""
+def both_ways(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shipped matrix with its 0.33.0 target twice: compiled from source (``vllm_from: source``),
+    and from upstream's wheel with a Python-only patch (``auto`` chooses the wheel); the patch is a
+    real diff against the 0.33.0 tree's file, in a patches folder beside the shipped patches."""
+    folder = tmp_path_factory.mktemp("both-ways")
+    shutil.copytree(ROOT / "patches", folder / "patches")
+    tree = sources.vllm_sdist("0.33.0", Options.from_env().cache)
+    first = (tree / PYTHON_FILE).read_text().splitlines()[0]
+    (folder / "patches" / "zz-test-python").mkdir()
+    (folder / "patches" / "zz-test-python" / "change.diff").write_text(
+        f"--- a/{PYTHON_FILE}\n+++ b/{PYTHON_FILE}\n@@ -1,1 +1,2 @@\n+{PYTHON_LINE}\n {first}\n"
+    )
+    (folder / "patches" / "zz-test-python" / "patch.yaml").write_text(
+        PATCH_YAML.replace("plain sm_120 code", "Python file of the vllm/ package").replace("fault.diff", "change.diff")
+    )
+    data = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    index = next(i for i, t in enumerate(data["targets"]) if t.get("id") == TARGET)
+    shipped_target = data["targets"][index]
+    data["targets"][index] = {**shipped_target, "vllm_from": "source"}
+    data["targets"].insert(index + 1, {**shipped_target, "id": WHEEL_TARGET, "patches": ["zz-test-python"]})
+    (folder / "matrix.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return folder / "matrix.yaml"
+
+
+@pytest.fixture(scope="module")
+def shipped(both_ways: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """`sparkbuild rehearse --offline` of that matrix: every Spark target tried, in one command."""
     out = tmp_path_factory.mktemp("rehearse")
-    done = rehearse(out)
+    done = rehearse(out, "--matrix", str(both_ways))
     # 0.19.0 cannot be rehearsed here (no stand-in for its CUDA 12.9 bases); that fails nothing.
     assert done.returncode == 0, done.stderr[-4000:]
     return {"results": {r["target"]: r for r in json.loads(done.stdout)}, "out": out, "stderr": done.stderr}
@@ -85,6 +124,7 @@ def test_the_report_lists_everything_the_rehearsal_swapped(rehearsed: dict[str, 
 
 def test_every_stage_of_the_shipped_target_is_built(rehearsed: dict[str, Any]) -> None:
     assert rehearsed["status"] == "rehearsed" and rehearsed["error"] is None
+    assert rehearsed["kernels"] == "swapped" and rehearsed["vllm_from"]["mode"] == "source"
     assert [s["stage"] for s in rehearsed["stages"]] == ["flashinfer", "vllm", "runtime"]
     assert rehearsed["image"].startswith(f"sparkbuild/rehearsal:{TARGET}-")
     # What came from where: the real sdists, and marked stand-ins for what only GitHub has.
@@ -226,6 +266,144 @@ def test_the_compile_gets_the_plans_build_jobs(rehearsed: dict[str, Any], monkey
     assert done.stdout.split()[:2] == [f"MAX_JOBS={p.jobs.max_jobs}", f"NVCC_THREADS={p.jobs.nvcc_threads}"]
 
 
+# --- built from upstream's wheel: real kernels -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def from_wheel(shipped: dict[str, Any]) -> dict[str, Any]:
+    return {**shipped["results"][WHEEL_TARGET], "out": shipped["out"]}
+
+
+# Every compiled module of upstream's 0.33.0 wheel (docs/check-binary.md lists their libraries).
+MODULES = {
+    "vllm._C_stable_libtorch", "vllm._deepselect_C", "vllm._flashkda_C", "vllm._flashmla_C", "vllm._flashmla_extension_C",
+    "vllm._moe_C_stable_libtorch", "vllm._qutlass_C", "vllm.cumem_allocator", "vllm.fs_io_C", "vllm.spinloop",
+    "vllm.third_party.deep_gemm._C_extension", "vllm.vllm_flash_attn._vllm_fa2_C", "vllm.vllm_flash_attn._vllm_fa3_C",
+}  # fmt: skip
+
+
+def test_a_python_only_patch_keeps_upstreams_wheel_and_its_real_kernels(
+    from_wheel: dict[str, Any], rehearsed: dict[str, Any]
+) -> None:
+    assert from_wheel["status"] == "rehearsed" and from_wheel["error"] is None, from_wheel["error"]
+    assert from_wheel["kernels"] == "real" and from_wheel["image"].startswith(f"sparkbuild/rehearsal:{WHEEL_TARGET}-")
+    choice = from_wheel["vllm_from"]
+    assert (choice["asked"], choice["mode"]) == ("auto", "wheel")
+    assert choice["wheel"]["filename"] == "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    assert choice["why"].startswith("1 patch(es), Python files only; upstream's vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl")
+    assert "passes check-binary for GPU 12.1" in choice["why"] and "requires torch==2.14.0 and links CUDA 13" in choice["why"]
+    # No compile and no preflight; FlashInfer's stage is the source build's (the same inputs).
+    assert from_wheel["preflight"] is None and [s["stage"] for s in from_wheel["stages"]] == ["flashinfer", "vllm", "runtime"]
+    refs, compiled = ({s["stage"]: s["ref"] for s in r["stages"]} for r in (from_wheel, rehearsed))
+    assert refs["flashinfer"] == compiled["flashinfer"] and refs["vllm"] != compiled["vllm"]
+    swapped = "\n".join(from_wheel["swapped"])
+    assert (
+        "upstream's vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl for its aarch64 wheel of vLLM 0.33.0, the same kernels"
+        in swapped
+    )
+    assert "template vllm: the kernel compile" not in swapped and "source cutlass" not in swapped
+    assert "check-binary of vLLM's extensions -> not run" not in swapped
+
+
+def test_every_compiled_module_of_the_wheel_imports_in_the_runtime_image(from_wheel: dict[str, Any]) -> None:
+    """The image check imported each one after torch, with no GPU and no driver: the build base's stub
+    libcuda.so, mounted for that check only (most of vLLM's extensions link libcuda.so.1)."""
+    found = from_wheel["checks"]["vllm_extensions"]
+    assert set(found["modules"]) == MODULES
+    assert found["driver_stub"] == "/opt/sparkbuild/driver-stub/libcuda.so"
+    # The torch installed is the one the wheel's kernels were built against: its own requirement.
+    assert found["torch"]["required"] == ["torch==2.14.0"] and found["torch"]["installed"].startswith("2.14.0")
+    assert from_wheel["checks"]["vllm"]["commit"] == "g4ba787ec9"  # what upstream's wheel says of itself
+    stub = subprocess.run(
+        ["docker", "run", "--rm", "--entrypoint", "ls", from_wheel["image"], "-A", "/opt/sparkbuild/driver-stub"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert stub.stdout == ""  # mounted for the check only: its mount point stays, empty; no stub driver
+
+
+def test_an_extension_that_cannot_load_fails_the_image_check_naming_it(from_wheel: dict[str, Any], engine: Engine) -> None:
+    """The same check in the built image without the stub driver: vLLM's modules that link the CUDA
+    driver cannot load (no GPU, no driver here), and the check names each one with the loader's error.
+    This is the failure a module with a missing library or a torch it was not built against gives."""
+    sha256 = from_wheel["vllm_from"]["wheel"]["sha256"]
+    check = ["python", "/opt/sparkbuild/check_image.py", "--vllm-version", "0.33.0", "--vllm-wheel-sha256", sha256]
+    done = subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", "--entrypoint", check[0], from_wheel["image"], *check[1:],
+         "--torch", "2.14.0", "--cuda", "13.0", "--kernels", "real"],
+        capture_output=True, text=True, check=False, timeout=600,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert (
+        "vllm_extensions: RuntimeError: vllm._C_stable_libtorch does not import: ImportError: libcuda.so.1: cannot open"
+        in done.stderr
+    )
+    assert "vllm.vllm_flash_attn._vllm_fa2_C does not import" in done.stderr
+    assert "vllm.spinloop does not import" not in done.stderr  # it links no driver: it loads
+
+
+def test_check_binary_passes_on_the_images_real_extensions(from_wheel: dict[str, Any]) -> None:
+    checked = from_wheel["check_binary"]
+    assert checked["ok"] and len(checked["libraries"]) == 9  # the nine with GPU code (docs/check-binary.md)
+    moe = next(lib for lib in checked["libraries"] if lib["path"].endswith("_moe_C_stable_libtorch.abi3.so"))
+    assert moe["counts"]["fails"] == 0 and moe["counts"]["sass"] == 2455
+    report = (from_wheel["out"] / WHEEL_TARGET / "check-binary.txt").read_text()
+    assert "check-binary for a GPU of compute capability 12.1 (sm_121)" in report and "FAILING" not in report
+
+
+PROVE_PATCH = """
+import base64, hashlib, json, pathlib, vllm
+root = pathlib.Path(vllm.__file__).parent.parent
+record = next(root.glob("vllm-0.33.0.dist-info")) / "RECORD"
+entry = next(line for line in record.read_text().splitlines() if line.startswith("vllm/v1/attention/backends/flashinfer.py,"))
+data = (root / "vllm/v1/attention/backends/flashinfer.py").read_bytes()
+digest = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+print(json.dumps({"first": data.decode().splitlines()[0], "recorded": entry.split(",")[1] == digest,
+                  "patches": json.load(open("/opt/sparkbuild/patches.json"))["results"],
+                  "sources": open("/opt/sparkbuild/sources.txt").read()}))
+"""
+
+
+def test_the_patch_is_in_the_installed_file_and_the_wheels_record(from_wheel: dict[str, Any], engine: Engine) -> None:
+    """The patched wheel was repacked with a RECORD that holds the patched file's hash, so pip installed
+    it as a wheel of its own, not files changed behind pip's back."""
+    found = json.loads(engine.output(from_wheel["image"], ["python3", "-c", PROVE_PATCH]).strip().splitlines()[-1])
+    assert found["first"] == PYTHON_LINE and found["recorded"]
+    assert [(r["patch"], r["status"], r["files"]) for r in found["patches"]] == [("zz-test-python", "applies", [PYTHON_FILE])]
+    # What the image came from: upstream's file by its URL and sha256, then the patched wheel it became.
+    assert "/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl sha256:4b6bdec4ab269990" in found["sources"]
+    assert "repacked vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl sha256:" in found["sources"]
+
+
+def test_a_lock_whose_wheel_sha256_is_wrong_stops_at_pips_hash_check(
+    from_wheel: dict[str, Any], both_ways: Path, tmp_path: Path
+) -> None:
+    """The wheel stage of the same target, planned from a lock whose pin has another sha256 (the
+    index now serves another file, or the lock was edited): pip's --require-hashes refuses the file,
+    and the build says so in one message, exit 10. Nothing is patched or built from it."""
+    pinned = from_wheel["vllm_from"]["wheel"]
+    m = plan.load_matrix(Options.from_env(matrix=both_ways))
+    target = rehearsal_target(next(t for t in m.targets if t.id == WHEEL_TARGET), m)
+    wrong = "0" * 64
+    pin = lock.WheelPin(
+        version="0.33.0", platform=target.platform, index="https://pypi.org/simple/", filename=pinned["filename"],
+        url=pinned["url"], sha256=wrong, torch="torch==2.14.0", cuda="13",
+        check_binary={"12.1": lock.BinaryVerdict(ok=True, libraries=9, kernels=1, sass=1, ptx=0, other=0, fails=0)},
+    )  # fmt: skip
+    opts = Options.from_env(matrix=both_ways, out=tmp_path / "out")
+    p = plan.plan_target(replace(target, wheel=pin), m.patch_folders, opts)
+    assert p.choice is not None and p.choice.mode == "wheel"
+    stage = next(s for s in p.stages if s.name == "vllm")
+    engine = Engine()
+    with pytest.raises(SourceError) as info:
+        build.ensure_stage(engine, None, p, stage, opts)
+    message = str(info.value)
+    assert info.value.exit_code == 10 and not engine.image_exists(stage.ref)
+    assert f"upstream's wheel {pinned['filename']} from {pinned['url']} has sha256 4b6bdec4ab269990" in message
+    assert f"and the lock pins {wrong} (pip's --require-hashes refused it): nothing was patched or built from it" in message
+
+
 def git_daemons(root: Path) -> list[int]:
     """git daemon processes serving ``root``."""
     base = f"--base-path={root}".encode()
@@ -233,13 +411,13 @@ def git_daemons(root: Path) -> list[int]:
 
 
 def test_ctrl_c_during_the_preflight_leaves_no_daemon_and_no_partial_repository(
-    rehearsed: dict[str, Any], tmp_path: Path
+    rehearsed: dict[str, Any], both_ways: Path, tmp_path: Path
 ) -> None:
     """A real SIGINT once the preflight has started (after the module's rehearsal, so it starts in
     seconds): exit 130, the offline git daemon stopped, no repository left half made."""
     root = Options.from_env().cache / "offline"
     with cli.start(
-        "rehearse", "--offline", "--only", TARGET, env={"SPARKBUILD_OUT": str(tmp_path), **RESOURCES}
+        "rehearse", "--offline", "--matrix", str(both_ways), "--only", TARGET, env={"SPARKBUILD_OUT": str(tmp_path), **RESOURCES}
     ) as proc:  # the context closes the pipe it reads
         assert proc.stderr is not None
         for line in proc.stderr:
@@ -324,7 +502,8 @@ def variants(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shipped = yaml.safe_load((ROOT / "matrix.yaml").read_text())
     (target,) = [t for t in shipped["targets"] if t.get("id") == TARGET]
     shipped["targets"] = [
-        {**target, "id": "vllm-0.33.0-cu130-sm120a", "arch_list": "12.0a"},
+        # No patch: auto would take upstream's wheel, whose arch list is upstream's; this is the compile's.
+        {**target, "id": "vllm-0.33.0-cu130-sm120a", "arch_list": "12.0a", "vllm_from": "source"},
         # e2m1-software beside the fault: its patched FP4 units compile, the fault's unit does not.
         {**target, "id": "vllm-0.33.0-cu130-fault", "patches": ["e2m1-software", "zz-test-fault"]},
         {**target, "id": "vllm-0.33.0-cu130-uncompiled", "patches": ["zz-test-e2m1-as-is", "zz-test-sm100-only"]},

@@ -88,3 +88,38 @@ def _content_hash(root: Root) -> str:
         h.update(f"\0{path.relative_to(root.path).as_posix()}\0".encode())
         h.update(path.read_bytes())
     return h.hexdigest()
+
+
+# vLLM's mixed-arch build in miniature: kernels built for sm_121a in one unit, one built only for sm_120a
+# in another, linked into one library (the same units and flags as tests/build/test_check_binary.py, so
+# a warm cache compiles nothing).
+GOOD_UNIT = (
+    "__global__ void scale(float* x) { x[threadIdx.x] *= 2.0f; }\n"
+    "template <int N> __global__ void shift(float* x) { x[threadIdx.x] += N; }\n"
+    "template __global__ void shift<3>(float*);\n"
+)
+SM120A_UNIT = "__global__ void only_sm120a(float* x) { x[threadIdx.x] *= 3.0f; }\n"
+
+
+def libraries(cache_dir: Path, scratch: Path) -> dict[str, Path]:
+    """``libmixed.so`` (an sm_121a unit and an sm_120a-only unit: fails on a GB10) and ``libgood.so``
+    (the sm_121a unit alone: runs there), compiled once and cached by content."""
+    units = {
+        "good": (GOOD_UNIT, "good_sm121a.o", SM121A),
+        "only120a": (SM120A_UNIT, "only_sm120a.o", "arch=compute_120a,code=sm_120a"),
+    }
+    objects: dict[str, Path] = {}
+    for unit, (text, name, gencode) in units.items():
+        (scratch / f"{unit}.cu").write_text(text)
+        args = ["-c", "-Xcompiler", "-fPIC", "-gencode", gencode, "{src}"]
+        objects[name] = _made(compile_cached(args, {"src": Root(scratch / f"{unit}.cu")}, name, cache_dir))
+    found = {}
+    for library, names in (("libmixed.so", ("good_sm121a.o", "only_sm120a.o")), ("libgood.so", ("good_sm121a.o",))):
+        roots = {f"o{i}": Root(objects[n]) for i, n in enumerate(names)}
+        found[library] = _made(compile_cached(["-shared", *(f"{{{r}}}" for r in roots)], roots, library, cache_dir))
+    return found
+
+
+def _made(done: Compiled) -> Path:
+    assert done.returncode == 0, done.stderr
+    return done.output

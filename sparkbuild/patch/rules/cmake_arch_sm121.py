@@ -18,6 +18,7 @@ NAME = "cmake-arch-sm121"
 MARKER = f"# sparkbuild {NAME}"
 # What the rule reads: the top CMakeLists.txt and every .cmake file under cmake/.
 READS = ("CMakeLists.txt", "cmake/**/*.cmake")
+WRITES = READS
 
 _ARCH_COMMANDS = ("cuda_archs_loose_intersection", "list", "set")
 # Family targets (12.0f) cover sm_121 from CUDA 13 on: vLLM's CUDA >= 13 branches leave 12.1 out on

@@ -20,6 +20,7 @@ HEADER = "nvfp4_utils.cuh"
 SNIPPET = "e2m1_software.cuh"
 MARKER = "sparkbuild e2m1-software"
 READS = (f"csrc/**/{HEADER}",)
+WRITES = READS
 HW_GUARD = "SPARKBUILD_E2M1_HW"
 
 _ASM = re.compile(r"\basm\s*(?:volatile\s*)?\(")

@@ -30,6 +30,8 @@ BACKEND = "vllm/v1/attention/backends/flashinfer.py"
 MARKER = f"sparkbuild {NAME}"
 FRAGMENTS = "sm12x_sinks.py"
 READS = (BACKEND,)
+# Python only: a build from upstream's wheel can take it (sparkbuild.patch.scope).
+WRITES = (BACKEND,)
 SINK_WRAPPER = "BatchAttentionWithAttentionSinkWrapper"
 
 

@@ -26,6 +26,8 @@ SM120_ANCHOR = "nvfp4_scaled_mm_sm120_kernels.cu"
 PY_GATE = "vllm/model_executor/layers/fused_moe/experts/cutlass_moe.py"
 FRAGMENTS = ("sm120_group_mm.cuh", "cutlass_moe.py")
 READS = (f"csrc/**/{GEMM}", f"csrc/**/{QUANT}", "CMakeLists.txt", PY_GATE)
+# The kernels, their CMake sources and their Python gate: only a source build takes it.
+WRITES = READS
 SM120_FN = "run_mxfp4_blockwise_scaled_group_mm_sm120"
 
 _DISPATCH = re.compile(r"template <typename OutType>\s*\nvoid run_mxfp4_blockwise_scaled_group_mm\(")
