@@ -9,7 +9,11 @@ depends on are read out of it with ``ast`` and run in a namespace that provides 
   compiles (vLLM divides the first by the second);
 - ``setup(extras_require=...)``: an extra's requirements (``b12x``), read as the literal it is.
 
-Standard library only: it also runs inside the vLLM build stage (``python3 -m builder.vllm_setup``).
+Standard library only, but for ``packaging`` (which vLLM's build requirements install): it also runs
+inside the vLLM build stage (``python3 -m builder.vllm_setup``). Each requirement is written as a wheel's
+METADATA writes it (packaging's own form, comments dropped), so a source build's requirements file is the
+text a build from upstream's wheel reads out of the wheel, and the runtime's dependency layer, which
+BuildKit keys by that file's content, is one layer for both.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import ast
 import json
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -85,7 +90,25 @@ def requirements(source: Path, cuda: str) -> list[str]:
         found = namespace["get_requirements"]()
     except Exception as exc:  # any failure of vLLM's own code is reported, with its file
         raise SetupError(f"{source / 'setup.py'}: get_requirements() failed: {type(exc).__name__}: {exc}") from None
-    return [str(r).strip() for r in found if str(r).strip()]
+    return canonical([str(r) for r in found], source / "setup.py")
+
+
+def canonical(lines: list[str], where: Path) -> list[str]:
+    """Each requirement line (pip's requirements-file syntax: a trailing ``# comment``) in packaging's
+    own form, the form a wheel's METADATA holds (``transformers<5.21.0,>=5.16.1``, markers in double
+    quotes); blank lines dropped. A line packaging cannot read is a SetupError naming it."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    found = []
+    for line in lines:
+        text = re.sub(r"(^|\s)#.*$", "", line).strip()
+        if not text:
+            continue
+        try:
+            found.append(str(Requirement(text)))
+        except InvalidRequirement as exc:
+            raise SetupError(f"{where}: requirement {text!r} is not one pip reads: {exc}") from None
+    return found
 
 
 def extras(source: Path, names: list[str]) -> list[str]:
@@ -106,7 +129,7 @@ def extras(source: Path, names: list[str]) -> list[str]:
     unknown = [n for n in names if n not in declared]
     if unknown:
         raise SetupError(f"{source / 'setup.py'}: no extra {', '.join(unknown)}; it has {', '.join(sorted(declared))}")
-    return [r for n in names for r in declared[n]]
+    return canonical([r for n in names for r in declared[n]], source / "setup.py")
 
 
 def compute_num_jobs(source: Path, max_jobs: int, nvcc_threads: int, cores: int) -> tuple[int, int | None]:

@@ -146,7 +146,7 @@ def choose(
     if found is None:
         assert pin is not None and pin.sha256 is not None
         verdict = pin.check_binary[gpu]
-        said = f"{len(patches)} patch(es), Python files only" if patches else "no patch"
+        said = f"{_named(patches)}: Python files only" if patches else "no patch"
         links = f"CUDA {pin.cuda}" if pin.cuda else "no libcudart"
         why = (
             f"{said}; upstream's {pin.filename} (sha256 {pin.sha256[:16]}...) passes check-binary for GPU {gpu} "
@@ -158,6 +158,10 @@ def choose(
     if asked == "wheel":
         return Choice(asked=asked, mode="wheel", why=found.why)
     return Choice(asked=asked, mode="source", why=found.why)
+
+
+def _named(patches: tuple[str, ...]) -> str:
+    return ("patch " if len(patches) == 1 else "patches ") + ", ".join(patches)
 
 
 class Refused(Exception):

@@ -9,12 +9,14 @@ made to fail the way users fear: an arch list whose cubins do not load on sm_121
 does not compile for the code it gets (beside e2m1-software's patched FP4 units, compiled with nvcc
 and checked with cuobjdump), and a patch set whose CUDA change no unit of the configure compiles.
 
-From upstream's wheel (``vllm_from: auto`` with a Python-only patch made here from a real file of the
-0.33.0 tree): the rehearsal pins upstream's x86_64 0.33.0 wheel from PyPI (the same kernels as the
-Spark's aarch64 one), the patch engine changes its Python file, and the runtime image holds vLLM's
-real compiled extensions: each imports there, check-binary passes on them for 12.1, and the torch
-installed is the one the wheel requires. A lock pinning the wheel with a wrong sha256 stops its
-stage at pip's hash check, with one message.
+From upstream's wheel (the shipped target as it is: ``vllm_from: auto`` and its one patch,
+nvfp4-moe-b12x-auto, a Python file): the rehearsal pins upstream's x86_64 0.33.0 wheel from PyPI (the
+same kernels as the Spark's aarch64 one), the patch engine changes its Python file, and the runtime
+image holds vLLM's real compiled extensions: each imports there, check-binary passes on them for 12.1,
+and the torch installed is the one the wheel requires. vLLM's own MoE selector, run in that image with
+a GB10's capability faked, takes B12X for an NVFP4 W4A16 layer with the patch and Marlin with the
+release's own file. A lock pinning the wheel with a wrong sha256 stops its stage at pip's hash check,
+with one message.
 """
 
 from __future__ import annotations
@@ -47,10 +49,11 @@ from tests.support.procs import pids_where
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 TARGET = "vllm-0.33.0-cu130-sm121"
-# The shipped target built from upstream's wheel, with a Python-only patch made by the test.
+# The shipped target as it is (its Python-only patch set), which auto builds from upstream's wheel.
 WHEEL_TARGET = "vllm-0.33.0-cu130-wheel"
-PYTHON_FILE = "vllm/v1/attention/backends/flashinfer.py"
-PYTHON_LINE = "# sparkbuild test: a Python-only patch (tests/lanes/test_rehearsal.py)"
+# The one file the shipped patch set changes (nvfp4-moe-b12x-auto).
+PYTHON_FILE = "vllm/model_executor/layers/fused_moe/oracle/nvfp4.py"
+B12X_LINE = "NvFp4MoeBackend.B12X,  # sparkbuild nvfp4-moe-b12x-auto"
 
 
 # The build machine as the plan sees it, fixed so the test knows the jobs it must give the compile.
@@ -64,24 +67,14 @@ def rehearse(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def both_ways(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The shipped matrix with its 0.33.0 target twice: compiled from source (``vllm_from: source``),
-    and from upstream's wheel with a Python-only patch (``auto`` chooses the wheel); the patch is a
-    real diff against the 0.33.0 tree's file, in a patches folder beside the shipped patches."""
+    and as it ships (``auto`` chooses upstream's wheel: its patch set changes Python files only)."""
     folder = tmp_path_factory.mktemp("both-ways")
     shutil.copytree(ROOT / "patches", folder / "patches")
-    tree = sources.vllm_sdist("0.33.0", Options.from_env().cache)
-    first = (tree / PYTHON_FILE).read_text().splitlines()[0]
-    (folder / "patches" / "zz-test-python").mkdir()
-    (folder / "patches" / "zz-test-python" / "change.diff").write_text(
-        f"--- a/{PYTHON_FILE}\n+++ b/{PYTHON_FILE}\n@@ -1,1 +1,2 @@\n+{PYTHON_LINE}\n {first}\n"
-    )
-    (folder / "patches" / "zz-test-python" / "patch.yaml").write_text(
-        PATCH_YAML.replace("plain sm_120 code", "Python file of the vllm/ package").replace("fault.diff", "change.diff")
-    )
     data = yaml.safe_load((ROOT / "matrix.yaml").read_text())
     index = next(i for i, t in enumerate(data["targets"]) if t.get("id") == TARGET)
     shipped_target = data["targets"][index]
     data["targets"][index] = {**shipped_target, "vllm_from": "source"}
-    data["targets"].insert(index + 1, {**shipped_target, "id": WHEEL_TARGET, "patches": ["zz-test-python"]})
+    data["targets"].insert(index + 1, {**shipped_target, "id": WHEEL_TARGET})
     (folder / "matrix.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     return folder / "matrix.yaml"
 
@@ -290,7 +283,9 @@ def test_a_python_only_patch_keeps_upstreams_wheel_and_its_real_kernels(
     choice = from_wheel["vllm_from"]
     assert (choice["asked"], choice["mode"]) == ("auto", "wheel")
     assert choice["wheel"]["filename"] == "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"
-    assert choice["why"].startswith("1 patch(es), Python files only; upstream's vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl")
+    assert choice["why"].startswith(
+        "patch nvfp4-moe-b12x-auto: Python files only; upstream's vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    )
     assert "passes check-binary for GPU 12.1" in choice["why"] and "requires torch==2.14.0 and links CUDA 13" in choice["why"]
     # No compile and no preflight; FlashInfer's stage is the source build's (the same inputs).
     assert from_wheel["preflight"] is None and [s["stage"] for s in from_wheel["stages"]] == ["flashinfer", "vllm", "runtime"]
@@ -356,10 +351,10 @@ PROVE_PATCH = """
 import base64, hashlib, json, pathlib, vllm
 root = pathlib.Path(vllm.__file__).parent.parent
 record = next(root.glob("vllm-0.33.0.dist-info")) / "RECORD"
-entry = next(line for line in record.read_text().splitlines() if line.startswith("vllm/v1/attention/backends/flashinfer.py,"))
-data = (root / "vllm/v1/attention/backends/flashinfer.py").read_bytes()
+entry = next(line for line in record.read_text().splitlines() if line.startswith(FILE + ","))
+data = (root / FILE).read_bytes()
 digest = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-print(json.dumps({"first": data.decode().splitlines()[0], "recorded": entry.split(",")[1] == digest,
+print(json.dumps({"lines": [line.strip() for line in data.decode().splitlines()], "recorded": entry.split(",")[1] == digest,
                   "patches": json.load(open("/opt/sparkbuild/patches.json"))["results"],
                   "sources": open("/opt/sparkbuild/sources.txt").read()}))
 """
@@ -368,12 +363,46 @@ print(json.dumps({"first": data.decode().splitlines()[0], "recorded": entry.spli
 def test_the_patch_is_in_the_installed_file_and_the_wheels_record(from_wheel: dict[str, Any], engine: Engine) -> None:
     """The patched wheel was repacked with a RECORD that holds the patched file's hash, so pip installed
     it as a wheel of its own, not files changed behind pip's back."""
-    found = json.loads(engine.output(from_wheel["image"], ["python3", "-c", PROVE_PATCH]).strip().splitlines()[-1])
-    assert found["first"] == PYTHON_LINE and found["recorded"]
-    assert [(r["patch"], r["status"], r["files"]) for r in found["patches"]] == [("zz-test-python", "applies", [PYTHON_FILE])]
+    prove = f"FILE = {PYTHON_FILE!r}\n{PROVE_PATCH}"
+    found = json.loads(engine.output(from_wheel["image"], ["python3", "-c", prove]).strip().splitlines()[-1])
+    assert B12X_LINE in found["lines"] and found["recorded"]
+    assert found["lines"][found["lines"].index(B12X_LINE) + 1] == "NvFp4MoeBackend.MARLIN,"
+    applied = [(r["patch"], r["status"], r["files"]) for r in found["patches"]]
+    assert applied == [("nvfp4-moe-b12x-auto", "applies", [PYTHON_FILE])]
     # What the image came from: upstream's file by its URL and sha256, then the patched wheel it became.
     assert "/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl sha256:4b6bdec4ab269990" in found["sources"]
     assert "repacked vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl sha256:" in found["sources"]
+
+
+def test_vllms_own_selector_takes_b12x_with_the_patch_and_marlin_without(
+    from_wheel: dict[str, Any], both_ways: Path, engine: Engine, tmp_path: Path
+) -> None:
+    """The fix the shipped patch is for, in the rehearsed image: vLLM's real NVFP4 MoE selector
+    (upstream's wheel, b12x at vLLM's own pin) with a GB10's capability FAKED, since there is no GB10
+    here (tests/data/select_moe_backend.py says how; its kernels load against the devel base's stub
+    driver). An NVFP4 W4A16 layer (FP4 weights, bf16 activations) gets B12X; with the release's own
+    oracle file mounted over the patched one, Marlin, as vLLM 0.33.0 picks on a Spark (vLLM issue
+    #54666). A W4A4 layer gets FlashInfer's CUTLASS either way: the patch reorders nothing before Marlin."""
+    m = plan.load_matrix(Options.from_env(matrix=both_ways))
+    target = rehearsal_target(next(t for t in m.targets if t.id == WHEEL_TARGET), m)
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    engine.copy_out(plan.base_name(target.base, target.platform), "/usr/local/cuda/lib64/stubs/libcuda.so", probe)
+    shutil.copy(ROOT / "tests" / "data" / "select_moe_backend.py", probe)
+    release = sources.vllm_sdist("0.33.0", Options.from_env().cache) / PYTHON_FILE
+    installed = f"{from_wheel['checks']['vllm_path']}/{PYTHON_FILE.removeprefix('vllm/')}"
+    command = ["python3", "/opt/probe/select_moe_backend.py", "/opt/probe/libcuda.so"]
+
+    def selected(mounts: dict[Path, tuple[str, str]]) -> dict[str, Any]:
+        found: dict[str, Any] = json.loads(engine.output(from_wheel["image"], command, mounts=mounts).strip().splitlines()[-1])
+        return found
+
+    patched = selected({probe: ("/opt/probe", "ro")})
+    assert patched["patched"] and patched["b12x_installed"] and patched["b12x_supports_device"], patched
+    assert patched["nvfp4_w4a16"] == {"backend": "B12X", "experts": "B12xExperts"}
+    unpatched = selected({probe: ("/opt/probe", "ro"), release: (installed, "ro")})
+    assert not unpatched["patched"] and unpatched["nvfp4_w4a16"]["backend"] == "MARLIN"
+    assert patched["nvfp4_w4a4"]["backend"] == unpatched["nvfp4_w4a4"]["backend"] == "FLASHINFER_CUTLASS"
 
 
 def test_a_lock_whose_wheel_sha256_is_wrong_stops_at_pips_hash_check(

@@ -138,13 +138,16 @@ def test_a_pinned_wheel_that_passes_is_chosen_and_the_plan_says_why(project: Pat
     p = planned(project)
     assert p.choice is not None and p.choice.mode == "wheel"
     assert p.choice.why == (
-        f"no patch; upstream's {FILENAME} (sha256 e9e404f52c8494b6...) passes check-binary for GPU 12.1 (11038 kernels in "
-        "9 libraries: 6736 sass, 2506 ptx, 1796 other, 0 fail), requires torch==2.14.0 and links CUDA 13"
+        f"patch nvfp4-moe-b12x-auto: Python files only; upstream's {FILENAME} (sha256 e9e404f52c8494b6...) passes "
+        "check-binary for GPU 12.1 (11038 kernels in 9 libraries: 6736 sass, 2506 ptx, 1796 other, 0 fail), requires "
+        "torch==2.14.0 and links CUDA 13"
     )
     vllm = p.stages[1].rendered.dockerfile
     # No compile and no preflight: pip fetches the pinned file, held to its sha256; the URL is a build argument.
     assert "AS preflight-report" not in vllm and "setup.py bdist_wheel" not in vllm and "RUN git-at-commit" not in vllm
-    assert f"--filename {FILENAME}" in vllm and f"--sha256 {SHA256} --version 0.33.0 --extra b12x --out /wheels" in vllm
+    # The shipped patch set (nvfp4-moe-b12x-auto, one Python file) applied to the wheel's files.
+    assert f"--filename {FILENAME}" in vllm and f"--sha256 {SHA256} --version 0.33.0 --extra b12x" in vllm
+    assert "--patches /opt/sparkbuild/patches --patch nvfp4-moe-b12x-auto --out /wheels" in vllm
     assert "ARG VLLM_WHEEL_URL=\n" in vllm and URL not in vllm and p.build_args()["VLLM_WHEEL_URL"] == URL
     # The runtime is the same template: its check holds vLLM to the wheel's sha256 and imports its kernels.
     runtime = p.stages[2].rendered.dockerfile
@@ -157,7 +160,7 @@ def test_a_pinned_wheel_that_passes_is_chosen_and_the_plan_says_why(project: Pat
 
     shown = run("plan", "--matrix", str(project), "--only", TARGET, cwd=project.parent)
     assert shown.returncode == 0, shown.stderr
-    assert f"  from:    wheel (no patch; upstream's {FILENAME} (sha256 e9e404f52c8494b6...) passes check-binary" in shown.stdout
+    assert f"  from:    wheel (patch nvfp4-moe-b12x-auto: Python files only; upstream's {FILENAME} (sha256 e9e404f52c8494b6...) passes check-binary" in shown.stdout
     as_json = run("plan", "--json", "--matrix", str(project), "--only", TARGET, cwd=project.parent)
     (found,) = json.loads(as_json.stdout)
     assert found["vllm_from"] == {
@@ -193,7 +196,7 @@ def test_the_content_hash_holds_the_mode_and_the_sha256_not_the_url(project: Pat
 def test_a_python_only_patch_keeps_the_wheel_and_a_cuda_patch_compiles(project: Path) -> None:
     write_lock(project, arm=pinned())
     p = planned(with_target(project, patches=["zz-python"]))
-    assert p.choice is not None and p.choice.mode == "wheel" and p.choice.why.startswith("1 patch(es), Python files only; ")
+    assert p.choice is not None and p.choice.mode == "wheel" and p.choice.why.startswith("patch zz-python: Python files only; ")
     assert "--patches /opt/sparkbuild/patches --patch zz-python --out /wheels" in p.stages[1].rendered.dockerfile
     p = planned(with_target(project, patches=["zz-python", "zz-cuda"]))
     assert p.choice is not None and p.choice.mode == "source"
