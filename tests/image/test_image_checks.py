@@ -86,7 +86,7 @@ def test_check_image_refuses_a_cpu_torch_a_wrong_version_and_a_missing_commit(
     (p,) = plan.make(opts)
     image = build.build(engine, p, opts).image  # the real vLLM CPU image (reused when the nightly built it)
     script = ROOT / "dockerfiles" / "spark" / "check_image.py"
-    args = ["--vllm-version", "0.33.0", "--vllm-commit", "a" * 40, "--torch", "2.13.0+cpu", "--cuda", "13.0"]
+    args = ["--vllm-version", "0.33.0", "--vllm-commit", "a" * 40, "--torch", "2.13.0+cpu", "--cuda", "13.0", "--kernels", "none"]
     result = subprocess.run(
         [
             "docker",
