@@ -235,6 +235,13 @@ class Engine:
             self._cli = find_build_cli()
         return self._cli
 
+    def cpus(self) -> int:
+        """The CPUs of the machine the engine runs its containers on (``docker info``'s NCPU)."""
+        try:
+            return int(self.client.info()["NCPU"])
+        except (docker.errors.DockerException, KeyError, TypeError, ValueError) as exc:
+            raise EngineError(f"the Docker engine does not say how many CPUs it has ({exc!r})") from None
+
     # --- images ----------------------------------------------------------------------------
 
     def image_exists(self, ref: str) -> bool:

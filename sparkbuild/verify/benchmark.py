@@ -16,7 +16,9 @@ A model whose context window is shorter than a scenario has its lengths scaled d
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -306,9 +308,12 @@ class Level:
     # (max - min) / median of each figure over the repeats: the noise the gate allows for.
     spread: dict[str, float]
     repeats: int
+    # Why the benchmark client shared the server's CPUs where this level was measured (``contention``):
+    # its ``client_timed`` figures were not measurable there. Empty where the client had a CPU of its own.
+    contended: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "scenario": self.scenario,
             "concurrency": self.concurrency,
             "input_len": self.shape.input_len,
@@ -317,6 +322,7 @@ class Level:
             "spread": self.spread,
             "repeats": self.repeats,
         }
+        return {**data, "contended": self.contended} if self.contended else data
 
 
 FIELDS = tuple(Figures.__dataclass_fields__)
@@ -371,12 +377,23 @@ class Benchmark:
         }
 
 
-def combine(results: Sequence[tuple[Run, Figures]], window: int, seconds: float, per_level: dict[int, float]) -> Benchmark:
-    """Group each run's figures by scenario and level; the median over the repeats of each."""
+def combine(
+    results: Sequence[tuple[Run, Figures]],
+    window: int,
+    seconds: float,
+    per_level: dict[int, float],
+    contended: str = "",
+) -> Benchmark:
+    """Group each run's figures by scenario and level; the median over the repeats of each. With
+    ``contended`` (``contention``'s reason), every level is marked with it: its ``client_timed``
+    figures were not measurable where it ran."""
     groups: dict[tuple[Scenario, int], list[tuple[Run, Figures]]] = {}
     for run, figures in results:
         groups.setdefault((run.scenario, run.concurrency), []).append((run, figures))
-    levels = tuple(median_of(scenario, c, group[0][0].shape, [f for _, f in group]) for (scenario, c), group in groups.items())
+    levels = tuple(
+        dataclasses.replace(median_of(scenario, c, group[0][0].shape, [f for _, f in group]), contended=contended)
+        for (scenario, c), group in groups.items()
+    )
     order = sorted(levels, key=lambda lv: (SCENARIOS.index(lv.scenario), lv.concurrency))
     return Benchmark(levels=tuple(order), window=window, seconds=seconds, seconds_per_level=per_level)
 
@@ -392,6 +409,7 @@ def from_json(data: Any, where: str) -> Benchmark:
                 figures=Figures(**{name: lv["figures"][name] for name in FIELDS}),
                 spread={str(k): float(v) for k, v in dict(lv.get("spread") or {}).items()},
                 repeats=int(lv.get("repeats", 1)),
+                contended=str(lv.get("contended") or ""),
             )
             for lv in data["levels"]
             if lv["scenario"] in SCENARIOS
@@ -400,3 +418,61 @@ def from_json(data: Any, where: str) -> Benchmark:
         return Benchmark(levels=levels, window=int(data["window"]), seconds=float(data["seconds"]), seconds_per_level=per_level)
     except (KeyError, TypeError, ValueError) as exc:
         raise VerifyError(f"{where}: not a sparkbuild benchmark result ({type(exc).__name__}: {exc})") from None
+
+
+# --- what the host can time --------------------------------------------------------------------
+
+# The figures that count the benchmark client's own turns: a time to first token runs from the
+# client's send, through the API server's tokenizing and the engine's scheduling, to the first token
+# back; tok/s in aggregate is a run's tokens over its duration, which holds every request's first
+# token and, at c=1, the client's turn between one request and the next. At c>1 every figure does:
+# a stream's token gaps hold the engine steps that admit the other streams' requests, sent when the
+# client got its turn. Only c=1's per-request rate, TPOT and ITL (medians of the gaps between one
+# stream's tokens, nothing else in flight) are the engine's steps alone.
+CLIENT_TIMED = ("ttft_ms_p50", "ttft_ms_p99", "tokens_per_s")
+
+
+def client_timed(figure: str, concurrency: int) -> bool:
+    """Whether ``figure`` at level ``concurrency`` counts the benchmark client's own turns."""
+    return figure in CLIENT_TIMED or concurrency > 1
+
+
+# vLLM's CPU worker logs the CPUs it binds its OpenMP threads to and those it leaves to the API server
+# (vllm/utils/ompmultiprocessing.py in 0.32.0, the CPU image the local profile ships):
+#   (EngineCore pid=20) INFO ... [ompmultiprocessing.py:185] \tlocal_rank=0, core ids=[0]
+#   (EngineCore pid=20) INFO ... [ompmultiprocessing.py:185] \treserved_cpus=[1]
+CORE_IDS = re.compile(r"core ids=\[([0-9, ]*)\]")
+RESERVED = re.compile(r"reserved_cpus=\[([0-9, ]*)\]")
+
+
+def _cpus(pattern: re.Pattern[str], log_text: str) -> set[int]:
+    return {int(n) for found in pattern.findall(log_text) for n in found.replace(" ", "").split(",") if n}
+
+
+def contention(log_text: str, host_cpus: int) -> str | None:
+    """Why the figures ``client_timed`` names cannot be measured on this host, or None where they can.
+
+    vLLM's CPU image binds its engine's threads to every CPU but those it reserves for its API
+    server; the benchmark client then has no CPU of its own and shares one with the server, and
+    those figures count three processes' turns on the same CPUs. Measured on 2 CPUs with nothing
+    else running (docs/speed-gate.md), between fresh servers of one image: prefill TTFT p50 moved
+    20 %, queueing TTFT p99 (the slowest of 4 requests in a burst) 100 %, decode tok/s in aggregate
+    up to 12 % and the per-request rate at c=2 up to 28 %, more than their repeats spread within one
+    server; the per-request rate at c=1 moved least (a standard deviation of 4.7 %). A server that
+    logs no CPU binding (a GPU image) leaves the host's CPUs to the client: None.
+    """
+    engine = _cpus(CORE_IDS, log_text)
+    if not engine:
+        return None
+    server = engine | _cpus(RESERVED, log_text)
+    if host_cpus - len(server) >= 1:
+        return None
+    return (
+        f"the benchmark client has no CPU of its own: vLLM's engine is bound to CPU(s) {_listed(engine)} and "
+        f"its API server has {_listed(server - engine) or 'none'} of this host's {host_cpus}; "
+        "a time to first token, tok/s in aggregate and, at c>1, a stream's token gaps count all three processes' turns"
+    )
+
+
+def _listed(cpus: set[int]) -> str:
+    return ",".join(map(str, sorted(cpus)))

@@ -8,6 +8,10 @@ times the baseline's spread. A figure that moved beyond its tolerance regressed 
 One that did not, where its tolerance is wider than ``MAX_TOLERANCE``, is not measured well enough
 on the machine that recorded the baseline to be called ``ok``: it is said so (``too noisy``),
 never passed on a tolerance widened to fit (docs/speed-gate.md has this 2-core machine's figures).
+Where the benchmark client had no CPU of its own (``Level.contended``, ``benchmark.contention``), the
+figures that count its own turns (``benchmark.client_timed``: every figure but c=1's per-request
+ones) are not judged, in either image (``too noisy``, with that reason), and the others' floor is
+``CONTENDED_FLOOR``: fresh servers of one image differ there by more than one server's repeats show.
 
 The verdict weighs each scenario's headline figures (what a user feels): decode tok/s per request
 and in aggregate, prefill TTFT p50, queueing TTFT p99. Every other figure is compared and shown
@@ -24,7 +28,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sparkbuild.verify.benchmark import Benchmark, Level, Scenario
+from sparkbuild.verify.benchmark import Benchmark, Level, Scenario, client_timed
 
 Verdict = Literal["regressed", "ok", "improved", "too noisy", "no baseline"]
 
@@ -57,6 +61,15 @@ NOISE_FACTORS = {3: 4.6, 4: 1.95, 5: 1.34, 6: 0.97, 7: 0.83, 8: 0.68, 9: 0.62, 1
 MIN_REPEATS = min(NOISE_FACTORS)
 # A figure that needs a wider tolerance than this is measured too roughly to be called ok.
 MAX_TOLERANCE = 0.30
+# The floor where the benchmark client shares the server's CPUs (``benchmark.contention``). Measured on
+# 2 CPUs with nothing else running (docs/speed-gate.md): the c=1 per-request decode rate of 19 fresh
+# servers of one image had medians of 678-805 tok/s (a standard deviation of 4.7 % from server to
+# server), while one server's 7 repeats spread by as little as 3 %, so a tolerance from the
+# baseline's repeats and the 10 % floor read the same image `improved` or `regressed`. Two servers
+# differ by a standard deviation of 4.7 % x sqrt(2) = 6.7 %: 25 % is 3.7 of them (about one
+# same-speed figure in 5,000 beyond it, where the noise is normal) and above the largest difference
+# seen (19 %).
+CONTENDED_FLOOR = 0.25
 
 
 def noise_factor(repeats: int) -> float | None:
@@ -153,8 +166,12 @@ class Gate:
         )
 
     def noisy(self) -> str:
-        """One line naming each headline figure too noisy to judge, with why."""
-        return "; ".join(f"{c.scenario} c={c.concurrency} {c.figure} ({c.why_not})" for c in self.unmeasured())
+        """One line naming each headline figure too noisy to judge, with why (figures that share a
+        reason named together, before it)."""
+        reasons: dict[str, list[str]] = {}
+        for c in self.unmeasured():
+            reasons.setdefault(c.why_not, []).append(f"{c.scenario} c={c.concurrency} {c.figure}")
+        return "; ".join(f"{', '.join(figures)} ({why})" for why, figures in reasons.items())
 
 
 def overall(verdicts: list[Verdict]) -> Verdict:
@@ -172,10 +189,18 @@ def relative(figure: str, value: float, baseline: float) -> float:
     return delta if figure in HIGHER_IS_BETTER else -delta
 
 
-def threshold(figure: str, base: Level, floor: float) -> tuple[float | None, str]:
+def threshold(figure: str, base: Level, floor: float, now: Level | None = None) -> tuple[float | None, str]:
     """The tolerance of ``figure`` against the baseline level ``base``: the floor or the
     baseline's noise, whichever is larger (None where the baseline's repeats cannot show its
-    noise); and, where a change within it cannot be called ok, why."""
+    noise, or where the host that measured ``base`` or ``now`` could not time this figure); and,
+    where a change within it cannot be called ok, why. Where either was measured with the client on
+    the server's CPUs, the floor is at least ``CONTENDED_FLOOR``."""
+    contended = (now.contended if now else "") or base.contended
+    if contended and client_timed(figure, base.concurrency):
+        where = "this image" if now and now.contended else "the baseline"
+        return None, f"not measurable where {where} was measured: {contended}"
+    if contended:
+        floor = max(floor, CONTENDED_FLOOR)
     factor = noise_factor(base.repeats)
     if factor is None:
         return None, f"the baseline has {base.repeats} repeat(s); its noise shows from {MIN_REPEATS}"
@@ -217,7 +242,7 @@ def compare(
             if now is None or then is None:
                 continue  # not measured in one of them (tokens in bursts): nothing to compare
             value, was = float(now), float(then)
-            tolerance, why_not = threshold(figure, base, floor)
+            tolerance, why_not = threshold(figure, base, floor, level)
             changes.append(
                 Change(
                     scenario=level.scenario,
@@ -247,10 +272,13 @@ def next_baseline(current: Benchmark, baseline: Benchmark | None, gate: Gate) ->
         new = current.level(old.scenario, old.concurrency)
         if new is None:
             levels.append(old)
-        elif not comparable(new, old):
-            levels.append(new)  # measured another way now: the new shape's figures are the bar
+        elif not comparable(new, old) or (old.contended and not new.contended):
+            # Measured another way now, or timed now where the old bar's host could not: the new bar.
+            levels.append(new)
         else:
             taken = {f for f in COMPARED if _takes(verdicts.get((old.scenario, old.concurrency, f)), f, old, new)}
+            if new.contended:  # not timed on this host: the old bars stand
+                taken = {f for f in taken if not client_timed(f, new.concurrency)}
             levels.append(_merged(old, new, taken))
     levels += [lv for lv in current.levels if baseline.level(lv.scenario, lv.concurrency) is None]
     return dataclasses.replace(baseline, levels=tuple(levels))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from sparkbuild.errors import EngineError, VerifyError
@@ -40,9 +41,21 @@ def window_of(model: Path, check: Check) -> int:
     return benchmark.context_window(config if isinstance(config, dict) else {}, check.serve_args)
 
 
-def measure(engine: Engine, image: str, check: Check, model: Path, *, url: str, served_name: str, folder: Path) -> Benchmark:
+def measure(
+    engine: Engine,
+    image: str,
+    check: Check,
+    model: Path,
+    *,
+    url: str,
+    served_name: str,
+    folder: Path,
+    read_log: Callable[[], str],
+) -> Benchmark:
     """Every scenario at every level of ``check.concurrency``, ``check.bench_repeats`` times; the
-    medians. Raises VerifyError where a run fails or its figures are inconsistent."""
+    medians. Where this host cannot time the figures that count the client's own turns
+    (``benchmark.contention``, read from the server's log ``read_log`` gives), every level says so.
+    Raises VerifyError where a run fails or its figures are inconsistent."""
     window = window_of(model, check)
     folder.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
@@ -59,7 +72,10 @@ def measure(engine: Engine, image: str, check: Check, model: Path, *, url: str, 
     per_level: dict[int, float] = {}
     for run, _ in results:
         per_level[run.concurrency] = per_level.get(run.concurrency, 0.0) + _duration(folder / f"{run.name}.json")
-    return benchmark.combine(results, window, time.monotonic() - start, per_level)
+    why = benchmark.contention(read_log(), engine.cpus()) or ""
+    if why:
+        log.info(f"  only c=1's per-request figures are measurable on this host: {why}")
+    return benchmark.combine(results, window, time.monotonic() - start, per_level, why)
 
 
 def _duration(result: Path) -> float:

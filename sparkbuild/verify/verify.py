@@ -143,7 +143,16 @@ def serve_check(engine: Engine, image: str, check: Check, model: Path, result_fi
                 model=MODEL_NAME,
                 read_log=lambda: container.logs(tail=None),
                 benchmark=(
-                    lambda: speed.measure(engine, image, check, model, url=url, served_name=MODEL_NAME, folder=folder / "bench")
+                    lambda: speed.measure(
+                        engine,
+                        image,
+                        check,
+                        model,
+                        url=url,
+                        served_name=MODEL_NAME,
+                        folder=folder / "bench",
+                        read_log=lambda: container.logs(tail=None),
+                    )
                 )
                 if check.bench
                 else None,

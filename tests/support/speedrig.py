@@ -35,7 +35,8 @@ def slowed_image(engine: Engine, image: str, kind: Kind, seconds: float, folder:
 def remove(engine: Engine, image: str) -> None:
     """The slowed image and the volume its servers compiled into (each image has its own)."""
     volumes = jitcache.for_image(str(engine.inspect(image)["Id"]))
-    engine.client.images.remove(image)
+    # Forced: a server container left stopped (a run killed before its cleanup) must not keep it.
+    engine.client.images.remove(image, force=True)
     for volume in volumes:
         with contextlib.suppress(docker.errors.NotFound):  # a cache the server never wrote
             engine.client.volumes.get(volume).remove()
@@ -47,4 +48,13 @@ def measure(engine: Engine, image: str, check: Check, cache: Path, folder: Path)
     model = checkmodel.provide(cache, check)
     with verify.started(engine, image, check, model) as (container, url):
         verify.wait_healthy(container, url, check.startup_timeout)
-        return speed.measure(engine, image, check, model, url=url, served_name=verify.MODEL_NAME, folder=folder)
+        return speed.measure(
+            engine,
+            image,
+            check,
+            model,
+            url=url,
+            served_name=verify.MODEL_NAME,
+            folder=folder,
+            read_log=lambda: container.logs(tail=None),
+        )

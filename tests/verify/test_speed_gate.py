@@ -1,6 +1,7 @@
 """The speed gate on real images (issue 29, item 1): an image made slower on purpose in every decode
 step regresses at decode only; one made slower after its CPU MoE kernel call regresses the MoE check
-at decode, and its prefill is never read as unchanged.
+at decode, and its prefill is never read as unchanged; the shipped image, served fresh three times,
+reads ok against its own baseline each time.
 
 The slowed images are one layer from the shipped image (tests/support/speedrig.py: the installed vLLM
 edited, the edit failing where its place in the source moved), built for real and removed after,
@@ -10,11 +11,13 @@ the decode slowdown at 1), whose steps (eager, a few ms) a 2-core machine measur
 the compiled alphabet's, against one baseline; ``bench/speed_gate.py`` runs every check at every level
 and more runs, and docs/speed-gate.md has what it measured.
 No assertion reads the wall clock: the gate compares two measurements of this machine, and each
-slowdown is several times the tolerance the baseline's own noise gives. The shipped image against
-its own baseline is not asserted here: on 2 cores the tiny model's figures move by up to 40 % between
-runs minutes apart even with nothing else running (decode c=2, queueing), beyond the tolerance its
-within-run spread gives; ``bench/speed_gate.py runs`` measures it, and docs/speed-gate.md says what it
-found. A test could only hold it to ``ok`` by widening the gate.
+slowdown is several times the tolerance the baseline's own noise gives. Where vLLM's CPU server
+leaves the benchmark client no CPU of its own (2 CPUs: the engine bound to one, the API server on the
+other), the figures that count the client's own turns (first-token times, tok/s in aggregate, and at
+c=2 every figure) are not judged, in any image, and say why (``benchmark.contention``): measured here,
+they move between fresh servers of one image by more than their repeats spread within one
+(tests/verify/test_benchmark.py holds it on 7 recorded servers). The c=1 stream's decode rate is judged
+everywhere, at a floor of 25 % there (``regression.CONTENDED_FLOOR``).
 """
 
 from __future__ import annotations
@@ -82,7 +85,7 @@ def test_an_image_slower_in_its_moe_kernel_regresses_the_moe_check(
     assert gate.verdict == "regressed"
     # Every step runs the MoE layers: decode regressed; prefill moved too, and the gate never calls it
     # unchanged: regressed where the baseline measured it tightly enough, too noisy where it did not.
-    assert ("decode", "tokens_per_s") in regressed(gate)
+    assert ("decode", "tokens_per_s_per_request") in regressed(gate)
     prefill = [c for c in gate.changes if (c.scenario, c.figure) == ("prefill", "ttft_ms_p50")]
     assert prefill and all(c.verdict in ("regressed", "too noisy") for c in prefill), [c.to_json() for c in prefill]
 
@@ -100,12 +103,35 @@ def test_an_image_slower_in_every_decode_step_regresses_at_decode(
         speedrig.remove(engine, slow)
     gate = judged(measured, moe_baseline, check)
     assert gate.verdict == "regressed"
-    assert ("decode", "tokens_per_s") in regressed(gate)
+    assert ("decode", "tokens_per_s_per_request") in regressed(gate)
     # Prefill runs no step where every request decodes: its TTFT did not move as decode did. Held as a
     # ratio of the two slowdowns, not as a bound on prefill alone: a busy machine moves a few-ms TTFT by
     # half and more (its baseline spread makes the gate call it too noisy), while a 20 ms sleep per step
     # makes decode ten times slower and more.
     changes = {(c.scenario, c.figure): c.change for c in gate.changes}
-    decode_slower = 1 / (1 + changes[("decode", "tokens_per_s")])  # tok/s: change = now / was - 1
+    decode_slower = 1 / (1 + changes[("decode", "tokens_per_s_per_request")])  # tok/s: change = now / was - 1
     prefill_slower = 1 - changes[("prefill", "ttft_ms_p50")]  # ms: change = 1 - now / was
     assert decode_slower > 4 * prefill_slower, (decode_slower, prefill_slower)
+
+
+def test_the_shipped_image_reads_ok_against_its_own_baseline_in_three_runs_out_of_three(
+    engine: Engine, local_image: str, cache: Path, moe_baseline: Benchmark, tmp_path: Path
+) -> None:
+    """Three fresh servers of the shipped image, each measured as verify measures it (its shipped
+    repeats), each judged against the baseline of another server of it: ok each time, the stream's
+    decode rate judged each time. The figures that count the client's own turns are timed or not as
+    the baseline's were (the same host), and where not, the verdict line says why."""
+    check = shipped("moe-alphabet")
+    untimed = {lv.contended for lv in moe_baseline.levels}
+    assert len(untimed) == 1  # every level's client-timed figures timed, or none
+    verdicts = []
+    for i in range(3):
+        measured = speedrig.measure(engine, local_image, check, cache, tmp_path / f"run{i}")
+        gate = judged(measured, moe_baseline, check)
+        verdicts.append(gate.verdict)
+        assert any(c.figure == "tokens_per_s_per_request" and c.verdict == "ok" for c in gate.changes), gate.to_json()
+        assert {lv.contended for lv in measured.levels} == untimed
+        (why,) = untimed
+        if why:
+            assert f"not measurable where this image was measured: {why}" in gate.noisy()
+    assert verdicts == ["ok", "ok", "ok"]
