@@ -19,6 +19,7 @@ printed before it runs.
 from __future__ import annotations
 
 import argparse
+import calendar
 import email.parser
 import hashlib
 import json
@@ -28,7 +29,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -121,11 +121,22 @@ def rebuilt(args: argparse.Namespace, wheel: Path, work: Path) -> Path:
     if not changed:
         return Path(shutil.copy2(wheel, out / wheel.name))
     (work / "packed").mkdir()
-    run_or_fail([sys.executable, "-m", "wheel", "pack", "--dest-dir", str(work / "packed"), str(tree)])
+    # Every member dated as upstream's newest (wheel pack reads SOURCE_DATE_EPOCH), not as the time the
+    # patch wrote it: two builds of one lock make the same bytes (`sparkbuild reproduce`).
+    epoch = {**os.environ, "SOURCE_DATE_EPOCH": str(newest_member(wheel))}
+    run_or_fail([sys.executable, "-m", "wheel", "pack", "--dest-dir", str(work / "packed"), str(tree)], env=epoch)
     (made,) = (work / "packed").glob("*.whl")
     # wheel pack names the file by the Tag of its WHEEL file, which upstream's auditwheel left as
     # linux_<arch> when it renamed the file manylinux: the repacked wheel keeps upstream's name.
     return Path(shutil.move(made, out / wheel.name))
+
+
+def newest_member(wheel: Path) -> int:
+    """The time of the newest member of ``wheel``, as seconds since 1970 (zip times are UTC here:
+    the wheel tools write them from SOURCE_DATE_EPOCH or a UTC clock)."""
+    with zipfile.ZipFile(wheel) as archive:
+        newest = max(info.date_time for info in archive.infolist())
+    return calendar.timegm((*newest, 0, 0, 0))
 
 
 def patch(tree: Path, args: argparse.Namespace, out: Path) -> bool:
@@ -220,15 +231,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--patch", dest="names", action="append", default=[])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--engine", type=Path, default=Path("/opt/sparkbuild/lib"), help="where sparkbuild's patch engine is")
+    # A fixed folder, not a random one: the patch record names the tree it patched, and two builds of
+    # one lock write the same record (`sparkbuild reproduce`). The build step's file system is its own.
+    parser.add_argument("--work", type=Path, default=Path("/opt/sparkbuild/work"), help="an empty or missing folder to work in")
     args = parser.parse_args(argv)
     if not args.url:
         print("error: no --url: the build passes the wheel's URL as VLLM_WHEEL_URL (from the lock)", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
+    work: Path = args.work
+    if work.exists() and any(work.iterdir()):
+        print(f"error: --work {work} is not empty; give an empty or missing folder", file=sys.stderr)
+        return 2
     try:
-        with tempfile.TemporaryDirectory(prefix="sparkbuild-wheel-") as tmp:
-            wheel = download(args.url, args.filename, args.sha256, Path(tmp))
-            built = rebuilt(args, wheel, Path(tmp))
+        work.mkdir(parents=True, exist_ok=True)
+        try:
+            wheel = download(args.url, args.filename, args.sha256, work)
+            built = rebuilt(args, wheel, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
         write_records(args, built)
     except WheelError as exc:
         print(f"{MARK} error {exc}", file=sys.stderr, flush=True)
