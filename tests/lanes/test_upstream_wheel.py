@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import http.server
 import json
 import os
 import subprocess
 import sys
-import threading
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +28,7 @@ import yaml
 from sparkbuild.config.options import Options
 from sparkbuild.plan import lock
 from tests.support import ROOT, nvcc
+from tests.support.index import loopback_index
 from tests.support.matrix import line_of
 
 pytestmark = pytest.mark.nvcc
@@ -70,21 +69,8 @@ def index(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     root = tmp_path / "index"
     (root / "vllm").mkdir(parents=True)
 
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *args: object, **kwargs: object) -> None:
-            super().__init__(*args, directory=str(root), **kwargs)  # type: ignore[arg-type]
-
-        def log_message(self, format: str, *args: object) -> None:
-            del format, args
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/", root
-    finally:
-        server.shutdown()
-        server.server_close()
+    with loopback_index(root) as url:
+        yield url, root
 
 
 def serve(root: Path, wheel: Path) -> str:

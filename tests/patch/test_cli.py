@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import http.server
 import json
 import os
 import pty
@@ -17,7 +16,6 @@ import struct
 import subprocess
 import sys
 import termios
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +24,7 @@ import pytest
 from sparkbuild.errors import SourceError
 from sparkbuild.upstream import sources
 from tests.support import cli
+from tests.support.index import loopback_index
 from tests.support.trees import TreeFactory
 
 
@@ -81,21 +80,8 @@ def local_index(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     root = tmp_path / "index"
     (root / "vllm").mkdir(parents=True)
 
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *args: object, **kwargs: object) -> None:
-            super().__init__(*args, directory=str(root), **kwargs)  # type: ignore[arg-type]
-
-        def log_message(self, format: str, *args: object) -> None:
-            del format, args
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/", root
-    finally:
-        server.shutdown()
-        server.server_close()
+    with loopback_index(root) as url:
+        yield url, root
 
 
 def serve(root: Path, name: str, data: bytes, sha256: str | None = None) -> None:
