@@ -104,6 +104,11 @@ def grouped(differences: Iterable[Difference]) -> dict[str, list[Difference]]:
     return {cause: groups[cause] for cause in CAUSES if cause in groups}
 
 
+def grouped_json(differences: Iterable[Difference]) -> dict[str, list[dict[str, Any]]]:
+    """``grouped`` as the JSON report writes it."""
+    return {cause: [d.to_json() for d in items] for cause, items in grouped(differences).items()}
+
+
 def group_lines(differences: Iterable[Difference], shown: int = SHOWN) -> list[str]:
     """Each cause with its count and its first ``shown`` paths (the JSON has them all)."""
     lines = []
@@ -138,7 +143,7 @@ class Files:
             "compared": self.compared,
             "identical": self.identical,
             "mtime_only": {"count": len(self.mtime_only), "folders": self.mtime_folders, "paths": self.mtime_only},
-            "differences": {cause: [d.to_json() for d in items] for cause, items in grouped(self.differences).items()},
+            "differences": grouped_json(self.differences),
         }
 
     def lines(self) -> list[str]:
@@ -345,7 +350,7 @@ class Wheels:
     def to_json(self) -> dict[str, Any]:
         return {
             "wheels": self.wheels,
-            "differences": {cause: [d.to_json() for d in items] for cause, items in grouped(self.differences).items()},
+            "differences": grouped_json(self.differences),
         }
 
     def lines(self) -> list[str]:
