@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ from sparkbuild.config import options
 from sparkbuild.oci.engine import Engine
 from sparkbuild.oci.registry import Registry, embedded
 from sparkbuild.plan import matrix, plan
-from tests.support import ROOT, cli
+from tests.support import ROOT, cli, leftovers
 from tests.support import matrix as support_matrix
 from tests.support.matrix import MatrixWriter
 
@@ -50,8 +51,17 @@ def write_matrix(tmp_path: Path) -> MatrixWriter:
 
 
 @pytest.fixture(scope="session")
-def engine() -> Engine:
-    return Engine()
+def engine() -> Iterator[Engine]:
+    """The Docker engine; what the session leaves in it is removed at its end
+    (tests/support/leftovers.py), unless SPARKBUILD_TEST_KEEP_IMAGES=1 keeps it to look at."""
+    found = Engine()
+    keep = os.environ.get("SPARKBUILD_TEST_KEEP_IMAGES") == "1"
+    if not keep:
+        leftovers.remove_test_images(found)  # an earlier session's, cut short before its end
+    before = {r.id for r in found.build_cache()}
+    yield found
+    if not keep:
+        leftovers.clean(found, before)
 
 
 @pytest.fixture(scope="session")
@@ -80,6 +90,8 @@ def emptied_registry() -> Path:
     mounts the layers an earlier session pushed instead of compressing the local image again
     (minutes). Remove the folder to start from nothing."""
     data = Path(os.environ.get("SPARKBUILD_TEST_REGISTRY") or options.default_cache() / "test-registry")
+    if folder_bytes(data) > REGISTRY_KEPT_BYTES:
+        shutil.rmtree(data)  # each session adds its own images' layers: start again from nothing
     with embedded(data) as registry:
         for repository in catalog(registry):
             for tag in registry.tags(repository):
@@ -87,6 +99,15 @@ def emptied_registry() -> Path:
                 if digest is not None:  # None: an earlier delete took this tag with its manifest
                     registry.delete(repository, digest)
     return data
+
+
+# What the kept test registry may hold before a session starts it again from nothing: the local
+# image's layers (about 2 GB compressed) and a few sessions' worth of the images tests publish.
+REGISTRY_KEPT_BYTES = 5 * 10**9
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and not f.is_symlink())
 
 
 def catalog(registry: Registry) -> list[str]:

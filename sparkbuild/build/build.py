@@ -142,15 +142,13 @@ def ensure_stage(engine: Engine, registry: Registry | None, plan: TargetPlan, st
         action = "reused"
     elif in_registry:
         assert registry is not None
-        engine.pull(f"{registry.host}/{STAGE_REPOSITORY}", _tag(stage), plan.target.platform)
-        engine.tag(f"{registry.host}/{stage.ref}", STAGE_REPOSITORY, _tag(stage))
+        push.pull_as(engine, registry, STAGE_REPOSITORY, _tag(stage), plan.target.platform, STAGE_REPOSITORY)
         action = "pulled"
     else:
         build_stage(engine, plan, stage, opts, registry)
     if not stage.final and registry is not None and not in_registry:
         # Built here, or made by an earlier run without a registry: share it with other runners.
-        engine.tag(stage.ref, f"{registry.host}/{STAGE_REPOSITORY}", _tag(stage))
-        push.push_image(engine, registry, f"{registry.host}/{STAGE_REPOSITORY}", _tag(stage))
+        push.push_as(engine, registry, stage.ref, f"{registry.host}/{STAGE_REPOSITORY}", _tag(stage))
         if action == "built" and cache_choice(engine, opts, registry).mode is buildcache.Mode.INLINE:
             share_inline_cache(engine, registry, plan, stage)
     return StageOutcome(name=stage.name, ref=stage.ref, action=action, seconds=time.monotonic() - start)
@@ -172,8 +170,7 @@ def share_inline_cache(engine: Engine, registry: Registry, plan: TargetPlan, sta
     the next build of this stage, here or on another runner, starts from its layers. The registry
     already has every layer: the engine mounts them from the stage repository, uploads none."""
     repository, cache_tag = buildcache.ref(registry.host, plan.id, stage.name).rsplit(":", 1)
-    engine.tag(stage.ref, repository, cache_tag)
-    push.push_image(engine, registry, repository, cache_tag)
+    push.push_as(engine, registry, stage.ref, repository, cache_tag)
 
 
 def _tag(stage: StagePlan) -> str:

@@ -119,6 +119,8 @@ class Reproduction:
     kept: list[str] = field(default_factory=list)
     # What BuildKit's cache grew by: the layers of both builds, which it keeps after their images go.
     cache_growth: int | None = None
+    # What removing those records (their images gone; no later build can use them) reclaimed.
+    cache_removed: int | None = None
     error: str | None = None
     seconds: float = 0.0
 
@@ -141,9 +143,15 @@ class Reproduction:
             "stages": [s.to_json() for s in self.stages],
             "kept_images": self.kept,
             "build_cache_growth_bytes": self.cache_growth,
+            "build_cache_removed_bytes": self.cache_removed,
             "error": self.error,
             "seconds": round(self.seconds, 1),
         }
+
+    def _cache_fate(self) -> str:
+        if self.cache_removed is not None:
+            return f"removed with their images, {self.cache_removed / 1e9:.1f} GB reclaimed"
+        return "kept with the images (`docker builder prune` reclaims what no image uses once they are removed)"
 
     def text(self) -> str:
         times = " and ".join(log.format_seconds(b["seconds"]) for b in self.builds)
@@ -161,10 +169,8 @@ class Reproduction:
         if self.kept:
             lines.append(f"  images kept (--keep): {', '.join(self.kept)}")
         if self.cache_growth is not None:
-            lines.append(
-                f"  BuildKit's cache grew by {self.cache_growth / 1e9:.1f} GB: both builds' layers, kept after their images "
-                "are removed (`docker builder prune` reclaims what no image uses)"
-            )
+            grew = f"{self.cache_growth / 1e9:.1f} GB"
+            lines.append(f"  BuildKit's cache grew by {grew} (both builds' layers): {self._cache_fate()}")
         if self.error:
             lines.append(f"  error: {self.error}")
         return "\n".join(lines)
@@ -253,6 +259,7 @@ def _one(engine: Engine, p: TargetPlan, opts: Options, keep: bool, result: Repro
     result.caches = caches(stages)
     result.skipped = [s.name for s in p.stages if s not in stages]
     token = secrets.token_hex(4)
+    records_before = {r.id for r in engine.build_cache()}
     cache_before = engine.build_cache_bytes()
     runs = [{s.name: f"{REPOSITORY}:{p.id}-{token}-{run}-{s.name}" for s in stages} for run in (1, 2)]
     try:
@@ -276,6 +283,7 @@ def _one(engine: Engine, p: TargetPlan, opts: Options, keep: bool, result: Repro
             result.kept = [tag for tags in runs for tag in tags.values() if engine.image_exists(tag)]
         else:
             _remove(engine, [tag for tags in runs for tag in tags.values()])
+            result.cache_removed = _forget(engine, records_before)
 
 
 def _remove(engine: Engine, tags: list[str]) -> None:
@@ -285,6 +293,19 @@ def _remove(engine: Engine, tags: list[str]) -> None:
             engine.remove_image(tag)
         except EngineError as exc:
             log.error(str(exc))
+
+
+def _forget(engine: Engine, before: set[str]) -> int | None:
+    """Remove the build-cache records the two builds made, once their images are gone: each RUN ran
+    under a host name of its build's own, so no later build can use them, and BuildKit would keep
+    them (gigabytes for a CUDA stage) until pruned. A record an image holds, or one in use, stays.
+    None where the engine refused (logged: the report is on its way out)."""
+    try:
+        made = [r for r in engine.build_cache() if r.id not in before and not r.shared and not r.in_use]
+        return engine.prune_build_cache(made)
+    except EngineError as exc:
+        log.error(str(exc))
+        return None
 
 
 def inputs(p: TargetPlan) -> list[str]:

@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, Literal, overload
 
@@ -99,6 +100,38 @@ def _cause(exc: Exception) -> str:
     if found is None:
         return text
     return found.group(1) if found.lastindex else found.group(0)
+
+
+@dataclass(frozen=True)
+class CacheRecord:
+    """One record of BuildKit's cache, as ``docker system df -v`` lists it."""
+
+    id: str
+    size: int
+    # BuildKit's kind: "regular" (a layer), "exec.cachemount" (a RUN --mount=type=cache), "source.local" (a context).
+    kind: str
+    # An image holds its layer: removing the record frees nothing on disk.
+    shared: bool
+    in_use: bool
+    # When BuildKit made it, in seconds since the epoch.
+    created: float
+
+    @classmethod
+    def of(cls, raw: Mapping[str, Any]) -> CacheRecord:
+        return cls(
+            id=str(raw["ID"]),
+            size=int(raw.get("Size") or 0),
+            kind=str(raw.get("Type") or ""),
+            shared=bool(raw.get("Shared")),
+            in_use=bool(raw.get("InUse")),
+            created=_epoch(str(raw["CreatedAt"])),
+        )
+
+
+def _epoch(stamp: str) -> float:
+    """An RFC 3339 time as the engine writes it (nanoseconds, ``Z``) in seconds since the epoch
+    (Python 3.11's ``fromisoformat`` reads six digits of a second at most)."""
+    return datetime.fromisoformat(re.sub(r"(\.\d{6})\d+", r"\1", stamp)).timestamp()
 
 
 class PushFailed(Exception):
@@ -332,11 +365,36 @@ class Engine:
 
     def build_cache_bytes(self) -> int:
         """What BuildKit's cache holds on the engine's disk, in bytes (``docker system df``)."""
+        return sum(r.size for r in self.build_cache())
+
+    def build_cache(self) -> list[CacheRecord]:
+        """BuildKit's cache records (``docker system df -v``), newest first."""
         try:
-            records = self.client.df().get("BuildCache") or []
+            raw = self.client.df().get("BuildCache") or []
         except docker.errors.APIError as exc:
             raise EngineError(f"the engine did not say what its build cache holds: {exc.explanation}") from None
-        return sum(int(r.get("Size") or 0) for r in records)
+        records = [CacheRecord.of(r) for r in raw]
+        return sorted(records, key=lambda r: r.created, reverse=True)
+
+    def prune_build_cache(self, records: Sequence[CacheRecord]) -> int:
+        """Remove these records from BuildKit's cache; returns the bytes the engine reclaimed.
+
+        One request per record: the engine's prune filter takes one id. Newest first, so that a
+        layer goes before the one it was built on (BuildKit keeps a record another still needs)."""
+        if not records:
+            return 0
+        log.info(f"+ docker builder prune --force --filter id=ID  (SDK; for each of {len(records)} records)")
+        reclaimed = 0
+        for record in sorted(records, key=lambda r: r.created, reverse=True):
+            try:
+                answer = self.client.api.prune_builds(filters={"id": [record.id]})
+            except docker.errors.APIError as exc:
+                raise EngineError(
+                    f"the engine did not remove build-cache record {record.id}: {exc.explanation}; "
+                    f"`docker builder prune --filter id={record.id}` removes it by hand"
+                ) from None
+            reclaimed += int((answer or {}).get("SpaceReclaimed") or 0)
+        return reclaimed
 
     def remove_image(self, ref: str) -> None:
         """Untag ``ref``, and remove its image where no other tag holds it (``docker rmi``); gone already is fine."""

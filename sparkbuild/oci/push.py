@@ -1,7 +1,9 @@
 """Pushing an image from the engine to a registry: the daemon's push, made again whole when the
 daemon gives up, within the registry's push limits (``defaults.yaml`` ``registry:``).
 
-Stage images (build), cache images (build) and published images (publish) all go this way.
+Stage images (build), cache images (build) and published images (publish) all go this way. The
+engine keeps no name in the registry after a push or a pull (``push_as``, ``pull_as``): such a name
+would hold an image's layers on the engine's disk after its own tag moved on, a run at a time.
 """
 
 from __future__ import annotations
@@ -46,3 +48,24 @@ def push_image(engine: Engine, registry: Registry, repository: str, tag: str) ->
             f"{exc} ({limits.push_attempts} tries); nothing was tagged; rerun when {registry.host} is healthy"
         ) from None
     raise AssertionError("tenacity ends with a result or an exception")
+
+
+def push_as(engine: Engine, registry: Registry, local: str, repository: str, tag: str) -> str:
+    """Push the engine's ``local`` image as ``repository:tag`` (a name in ``registry``); returns the
+    digest pushed. The name is made for the push and removed after it: ``local`` holds the image."""
+    remote = f"{repository}:{tag}"
+    if remote == local:
+        return push_image(engine, registry, repository, tag)
+    engine.tag(local, repository, tag)
+    try:
+        return push_image(engine, registry, repository, tag)
+    finally:
+        engine.remove_image(remote)
+
+
+def pull_as(engine: Engine, registry: Registry, repository: str, tag: str, platform: str, local_repository: str) -> None:
+    """Pull ``repository:tag`` from ``registry`` into the engine as ``local_repository:tag`` alone."""
+    remote = f"{registry.host}/{repository}"
+    engine.pull(remote, tag, platform)
+    engine.tag(f"{remote}:{tag}", local_repository, tag)
+    engine.remove_image(f"{remote}:{tag}")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from sparkbuild.config.options import UNSIGNED, Signer
 from sparkbuild.errors import PublishError
 from sparkbuild.oci.engine import Engine
-from sparkbuild.oci.push import push_image
+from sparkbuild.oci.push import push_as
 from sparkbuild.oci.registry import Registry
 from sparkbuild.plan.plan import TargetPlan
 from sparkbuild.publish import attest, sign
@@ -44,8 +44,7 @@ def push(
     """Push ``local`` by digest and check it; attach its SBOM, provenance and verify result (with
     ``evidence``); sign it; then move the readable tags."""
     remote = f"{registry.host}/{plan.repository}"
-    engine.tag(local, remote, plan.content_tag)
-    pushed = push_image(engine, registry, remote, plan.content_tag)
+    pushed = push_as(engine, registry, local, remote, plan.content_tag)
     served = registry.digest(plan.repository, plan.content_tag)
     if served is None:
         raise PublishError(

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from sparkbuild.errors import PublishError
-from sparkbuild.oci import referrers
+from sparkbuild.oci import push, referrers
 from sparkbuild.oci.registry import Registry, file_digest
 from sparkbuild.plan.plan import STAGE_REPOSITORY, TargetPlan
 from sparkbuild.util import fsutil, log
@@ -223,8 +223,7 @@ def _stage_image(engine: Engine, registry: Registry, ref: str, platform: str) ->
     tag = ref.rsplit(":", 1)[1]
     if registry.digest(STAGE_REPOSITORY, tag) is None:
         return False
-    engine.pull(f"{registry.host}/{STAGE_REPOSITORY}", tag, platform)
-    engine.tag(f"{registry.host}/{ref}", STAGE_REPOSITORY, tag)
+    push.pull_as(engine, registry, STAGE_REPOSITORY, tag, platform, STAGE_REPOSITORY)
     return True
 
 

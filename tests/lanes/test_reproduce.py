@@ -115,6 +115,7 @@ def test_two_builds_that_differ_name_each_file_and_its_cause(engine: Engine, bas
     matrix, env = project(tmp_path, "repro-differs", {"wheel": WHEEL_STAGE, "image": IMAGE_STAGE})
     with built(engine, matrix, tmp_path) as p:
         image = engine.inspect(p.stages[-1].ref)["Id"]
+        records = {r.id for r in engine.build_cache()}
         result = cli.run("reproduce", "repro-differs", "--matrix", matrix, env=env)
         assert engine.inspect(p.stages[-1].ref)["Id"] == image  # the content tag is neither made nor moved
     assert result.returncode == NotReproducible.exit_code, result.stderr[-3000:]
@@ -151,6 +152,9 @@ def test_two_builds_that_differ_name_each_file_and_its_cause(engine: Engine, bas
     text = result.stdout
     assert "repro-differs: differs" in text and "build-time (1)" in text and "opt/built-at" in text
     assert leftovers(engine, "repro-differs") == []
+    # Both builds' layers went with their images: no later build could use them.
+    assert made_since(engine, records) == []
+    assert found["build_cache_removed_bytes"] > 0 and "removed with their images" in text
 
 
 @pytest.mark.docker
@@ -186,6 +190,7 @@ def test_a_build_that_fails_is_the_builds_error_and_leaves_nothing(engine: Engin
     )
     matrix, env = project(tmp_path, "repro-fails", {"wheel": WHEEL_STAGE, "image": fails})
     with built(engine, matrix, tmp_path):
+        records = {r.id for r in engine.build_cache()}
         result = cli.run("reproduce", "repro-fails", "--matrix", matrix, env=env)
     assert result.returncode == BuildError.exit_code, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
@@ -193,6 +198,12 @@ def test_a_build_that_fails_is_the_builds_error_and_leaves_nothing(engine: Engin
     assert found["status"] == "failed (building (1 of 2))" and "exit code: 3" in found["error"]
     assert found["builds"] == [] and found["stages"] == []
     assert leftovers(engine, "repro-fails") == []  # the first stage's image of the build too
+    assert made_since(engine, records) == []  # and the layers the build made before it failed
+
+
+def made_since(engine: Engine, before: set[str]) -> list[str]:
+    """Build-cache records made since ``before`` that take disk of their own (no image holds them)."""
+    return [f"{r.kind} {r.id} {r.size} B" for r in engine.build_cache() if r.id not in before and not r.shared]
 
 
 def forget_cache_mounts(engine: Engine, marker: str) -> None:

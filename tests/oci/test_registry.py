@@ -14,7 +14,7 @@ from sparkbuild.oci.engine import Engine
 from sparkbuild.oci.registry import Registry, embedded
 from sparkbuild.plan import plan
 from sparkbuild.publish.publish import push
-from tests.support import ROOT
+from tests.support import ROOT, leftovers
 
 pytestmark = pytest.mark.docker
 
@@ -75,6 +75,8 @@ def test_publish_pushes_by_digest_then_moves_readable_tags(engine: Engine, base:
     body, _ = registry.manifest(p.repository, done.digest)
     assert "sha256:" + hashlib.sha256(body).hexdigest() == done.digest
     assert done.reference == f"{registry.host}/{p.repository}@{done.digest}"
+    # The name the push needed went after it: the local name holds the image, nothing else does.
+    assert leftovers.registry_names(engine, registry.host) == [] and engine.image_exists("sparkbuild-test/publish:1")
 
 
 def test_an_unverified_publish_leaves_last_good_where_it_was(engine: Engine, base: str, registry: Registry) -> None:

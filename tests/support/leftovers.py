@@ -1,0 +1,62 @@
+"""What the suite leaves in the Docker engine, removed as the session ends, so that a machine which
+runs it again and again (CI's does, warm) does not fill its disk.
+
+Without this, each session left about 5 GB: images under the tests' own names (a build or publish
+test's image, made from a fresh upstream each session, so never used again) and the BuildKit
+records of their layers, which BuildKit keeps after their images go (its garbage collection is off
+in Debian's 20.10 engine unless ``daemon.json`` turns it on). CI's machine ran out of disk so in the
+run of 2026-11-29 (`not enough free disk`: 6.7 GB free, 7.5 GB needed).
+
+Kept for the next session: every image under sparkbuild's own names (the local image, stage images,
+rehearsal images: the suite's warm state, reused by content), every record an image holds, the
+cache mounts (pip's, apt's downloads), and every record older than the session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+
+import docker.errors
+
+from sparkbuild.oci.engine import CacheRecord, Engine
+from sparkbuild.util import log
+
+# Names only the tests give images: their own repositories, and a loopback registry's names (a
+# test's registry lives for that test alone).
+TEST_NAMES = re.compile(r"^(sparkbuild-test/|sparkbuild-t17/|sparkbuild/reproduce:|127\.0\.0\.1:\d+/|localhost:\d+/)")
+# Records kept even where made in the session: a cache mount holds downloads the next session uses.
+KEPT_KINDS = frozenset({"exec.cachemount"})
+
+
+def test_images(engine: Engine) -> list[str]:
+    """Every tag in the engine under a name only the tests give."""
+    return sorted(tag for image in engine.client.images.list() for tag in image.tags if TEST_NAMES.match(tag))
+
+
+def registry_names(engine: Engine, host: str) -> list[str]:
+    """Every tag in the engine under a registry's name (``host/...``)."""
+    return sorted(tag for image in engine.client.images.list() for tag in image.tags if tag.startswith(f"{host}/"))
+
+
+def remove_test_images(engine: Engine) -> None:
+    """Untag every test name; an image no other name holds goes with it, then every dangling image."""
+    for tag in test_images(engine):
+        # force: a stopped container of a session cut short may hold it; gone already is what we want.
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            engine.client.images.remove(tag, force=True)
+    engine.client.images.prune(filters={"dangling": True})
+
+
+def made_in_session(engine: Engine, before: set[str]) -> list[CacheRecord]:
+    """Records the session made that take disk of their own and no later session can use."""
+    return [r for r in engine.build_cache() if r.id not in before and not r.shared and not r.in_use and r.kind not in KEPT_KINDS]
+
+
+def clean(engine: Engine, before: set[str]) -> int:
+    """Remove the session's test images and the build records it made; returns the bytes reclaimed."""
+    remove_test_images(engine)
+    made = made_in_session(engine, before)
+    reclaimed = engine.prune_build_cache(made)
+    log.info(f"test session: {len(made)} build-cache records it made removed, {reclaimed / 1e9:.1f} GB reclaimed")
+    return reclaimed
