@@ -9,6 +9,8 @@ would hold an image's layers on the engine's disk after its own tag moved on, a 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import tenacity
 
@@ -50,17 +52,26 @@ def push_image(engine: Engine, registry: Registry, repository: str, tag: str) ->
     raise AssertionError("tenacity ends with a result or an exception")
 
 
+@contextmanager
+def named(engine: Engine, local: str, repository: str, tag: str) -> Iterator[str]:
+    """The engine's ``local`` image also named ``repository:tag`` (a name in a registry) while the
+    block runs: removed after it, with the digest name a push gives the image in that repository."""
+    remote = f"{repository}:{tag}"
+    if remote == local:
+        yield remote
+        return
+    engine.tag(local, repository, tag)
+    try:
+        yield remote
+    finally:
+        engine.remove_image(remote)
+
+
 def push_as(engine: Engine, registry: Registry, local: str, repository: str, tag: str) -> str:
     """Push the engine's ``local`` image as ``repository:tag`` (a name in ``registry``); returns the
     digest pushed. The name is made for the push and removed after it: ``local`` holds the image."""
-    remote = f"{repository}:{tag}"
-    if remote == local:
+    with named(engine, local, repository, tag):
         return push_image(engine, registry, repository, tag)
-    engine.tag(local, repository, tag)
-    try:
-        return push_image(engine, registry, repository, tag)
-    finally:
-        engine.remove_image(remote)
 
 
 def pull_as(engine: Engine, registry: Registry, repository: str, tag: str, platform: str, local_repository: str) -> None:

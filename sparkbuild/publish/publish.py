@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from sparkbuild.config.options import UNSIGNED, Signer
 from sparkbuild.errors import PublishError
 from sparkbuild.oci.engine import Engine
-from sparkbuild.oci.push import push_as
+from sparkbuild.oci.push import named, push_image
 from sparkbuild.oci.registry import Registry
 from sparkbuild.plan.plan import TargetPlan
 from sparkbuild.publish import attest, sign
@@ -44,21 +44,24 @@ def push(
     """Push ``local`` by digest and check it; attach its SBOM, provenance and verify result (with
     ``evidence``); sign it; then move the readable tags."""
     remote = f"{registry.host}/{plan.repository}"
-    pushed = push_as(engine, registry, local, remote, plan.content_tag)
-    served = registry.digest(plan.repository, plan.content_tag)
-    if served is None:
-        raise PublishError(
-            f"{remote}:{plan.content_tag}: the engine pushed {pushed}, but the registry has no such tag (HTTP 404); "
-            "readable tags were not moved. Is something in front of the registry dropping writes? Rerun to push again"
-        )
-    if served != pushed:
-        raise PublishError(
-            f"{remote}:{plan.content_tag}: pushed {pushed} but the registry serves {served}; readable tags were not moved"
-        )
-    if evidence is not None:
-        attest.attach(lambda: engine, registry, plan, pushed, evidence)
-    # Signed and checked by digest before any readable tag names it (a failure stops here).
-    return move_tags(registry, plan, pushed, verified=verified, signer=signer)
+    # Named in the registry while it is published (the SBOM is read from the image by the digest the
+    # push gives it); no registry name stays to hold this image on disk once ``local`` moves on.
+    with named(engine, local, remote, plan.content_tag):
+        pushed = push_image(engine, registry, remote, plan.content_tag)
+        served = registry.digest(plan.repository, plan.content_tag)
+        if served is None:
+            raise PublishError(
+                f"{remote}:{plan.content_tag}: the engine pushed {pushed}, but the registry has no such tag (HTTP 404); "
+                "readable tags were not moved. Is something in front of the registry dropping writes? Rerun to push again"
+            )
+        if served != pushed:
+            raise PublishError(
+                f"{remote}:{plan.content_tag}: pushed {pushed} but the registry serves {served}; readable tags were not moved"
+            )
+        if evidence is not None:
+            attest.attach(lambda: engine, registry, plan, pushed, evidence)
+        # Signed and checked by digest before any readable tag names it (a failure stops here).
+        return move_tags(registry, plan, pushed, verified=verified, signer=signer)
 
 
 def move_tags(

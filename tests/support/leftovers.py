@@ -29,14 +29,23 @@ TEST_NAMES = re.compile(r"^(sparkbuild-test/|sparkbuild-t17/|sparkbuild/reproduc
 KEPT_KINDS = frozenset({"exec.cachemount"})
 
 
+def names(engine: Engine) -> list[str]:
+    """Every name of every image in the engine: its tags and its digests (``repo@sha256:...``, which
+    a push or a pull by digest leaves, and which hold an image as a tag does)."""
+    found = []
+    for image in engine.client.images.list():
+        found += image.tags + [d for d in image.attrs.get("RepoDigests") or [] if not d.startswith("<none>")]
+    return sorted(found)
+
+
 def test_images(engine: Engine) -> list[str]:
-    """Every tag in the engine under a name only the tests give."""
-    return sorted(tag for image in engine.client.images.list() for tag in image.tags if TEST_NAMES.match(tag))
+    """Every name in the engine that only the tests give."""
+    return [name for name in names(engine) if TEST_NAMES.match(name)]
 
 
 def registry_names(engine: Engine, host: str) -> list[str]:
-    """Every tag in the engine under a registry's name (``host/...``)."""
-    return sorted(tag for image in engine.client.images.list() for tag in image.tags if tag.startswith(f"{host}/"))
+    """Every name in the engine under a registry's (``host/...``)."""
+    return [name for name in names(engine) if name.startswith(f"{host}/")]
 
 
 def remove_test_images(engine: Engine) -> None:
