@@ -115,6 +115,8 @@ class CacheRecord:
     in_use: bool
     # When BuildKit made it, in seconds since the epoch.
     created: float
+    # What made it ("mount / from exec /bin/sh -c ...", "local source for context").
+    description: str
 
     @classmethod
     def of(cls, raw: Mapping[str, Any]) -> CacheRecord:
@@ -125,6 +127,7 @@ class CacheRecord:
             shared=bool(raw.get("Shared")),
             in_use=bool(raw.get("InUse")),
             created=_epoch(str(raw["CreatedAt"])),
+            description=str(raw.get("Description") or ""),
         )
 
 

@@ -55,10 +55,8 @@ def forget(engine: Engine, marker: str, names: list[str]) -> None:
     for name in names:
         if engine.image_exists(name):
             engine.client.images.remove(name, force=True)
-    for record in engine.client.df().get("BuildCache") or []:
-        if marker in (record.get("Description") or ""):
-            engine.client.api.prune_builds(filters={"id": [record["ID"]]})
-    left = [r["ID"] for r in engine.client.df().get("BuildCache") or [] if marker in (r.get("Description") or "")]
+    engine.prune_build_cache([r for r in engine.build_cache() if marker in r.description])
+    left = [r.id for r in engine.build_cache() if marker in r.description]
     assert left == [], f"BuildKit still holds {left}"
 
 

@@ -208,9 +208,7 @@ def made_since(engine: Engine, before: set[str]) -> list[str]:
 
 def forget_cache_mounts(engine: Engine, marker: str) -> None:
     """The BuildKit records of the cache mounts a test made (the mark it left; bytes)."""
-    for record in engine.client.df().get("BuildCache") or []:
-        if marker in (record.get("Description") or ""):
-            engine.client.api.prune_builds(filters={"id": [record["ID"]]})
+    engine.prune_build_cache([r for r in engine.build_cache() if marker in r.description])
 
 
 def test_a_target_must_be_named_and_offline_is_the_rehearsals() -> None:

@@ -104,3 +104,22 @@ def test_container_is_removed_on_ctrl_c(engine: Engine, base: str) -> None:
     while not gone(engine, name) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert gone(engine, name)
+
+
+def test_the_records_of_a_removed_images_layers_are_pruned_and_free_their_disk(engine: Engine, base: str, tmp_path: Path) -> None:
+    """BuildKit keeps a layer's record after its image goes (its garbage collection is off in
+    Debian's 20.10 engine): pruning the records by id, newest first, takes a layer and the one it
+    was built on in one call, and frees the bytes."""
+    marker = f"sparkbuild-prune-{time.time_ns()}"  # steps no earlier build ran
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {base}\nRUN head -c 3000000 /dev/urandom > /one # {marker}\nRUN head -c 2000000 /dev/urandom > /two # {marker}\n"
+    )
+    ref = "sparkbuild-test/prune:1"
+    engine.build(
+        context=tmp_path, tag=ref, platform=LOCAL_PLATFORM, labels={}, build_args={}, secrets={}, log_file=tmp_path / "build.log"
+    )
+    engine.remove_image(ref)
+    made = [r for r in engine.build_cache() if marker in r.description]
+    assert len(made) == 2 and not any(r.shared for r in made), made
+    assert engine.prune_build_cache(made) >= 5_000_000
+    assert [r for r in engine.build_cache() if marker in r.description] == []
