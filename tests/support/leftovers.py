@@ -25,6 +25,7 @@ from sparkbuild.util import log
 # Names only the tests give images: their own repositories, and a loopback registry's names (a
 # test's registry lives for that test alone).
 TEST_NAMES = re.compile(r"^(sparkbuild-test/|sparkbuild-t17/|sparkbuild/reproduce:|127\.0\.0\.1:\d+/|localhost:\d+/)")
+JIT_VOLUME = re.compile(r"^sparkbuild-jit-([0-9a-f]{16})-")
 # Records kept even where made in the session: a cache mount holds downloads the next session uses.
 KEPT_KINDS = frozenset({"exec.cachemount"})
 
@@ -57,14 +58,29 @@ def remove_test_images(engine: Engine) -> None:
     engine.client.images.prune(filters={"dangling": True})
 
 
+def orphaned_jit_volumes(engine: Engine) -> list[str]:
+    """``sparkbuild run``'s JIT cache volumes of images no longer in the engine (named by image ID,
+    ``sparkbuild/oci/jitcache.py``): a test image's go with it."""
+    ids = {image.id.removeprefix("sha256:")[:16] for image in engine.client.images.list(all=True)}
+    found = []
+    for volume in engine.client.volumes.list():
+        named = JIT_VOLUME.match(volume.name)
+        if named and named.group(1) not in ids:
+            found.append(volume.name)
+    return sorted(found)
+
+
 def made_in_session(engine: Engine, before: set[str]) -> list[CacheRecord]:
     """Records the session made that take disk of their own and no later session can use."""
     return [r for r in engine.build_cache() if r.id not in before and not r.shared and not r.in_use and r.kind not in KEPT_KINDS]
 
 
 def clean(engine: Engine, before: set[str]) -> int:
-    """Remove the session's test images and the build records it made; returns the bytes reclaimed."""
+    """Remove the session's test images, their JIT volumes and the build records the session made;
+    returns the bytes reclaimed."""
     remove_test_images(engine)
+    for name in orphaned_jit_volumes(engine):
+        engine.client.volumes.get(name).remove()
     made = made_in_session(engine, before)
     reclaimed = engine.prune_build_cache(made)
     log.info(f"test session: {len(made)} build-cache records it made removed, {reclaimed / 1e9:.1f} GB reclaimed")
