@@ -301,8 +301,7 @@ def _forget(engine: Engine, before: set[str]) -> int | None:
     them (gigabytes for a CUDA stage) until pruned. A record an image holds, or one in use, stays.
     None where the engine refused (logged: the report is on its way out)."""
     try:
-        made = [r for r in engine.build_cache() if r.id not in before and not r.shared and not r.in_use]
-        return engine.prune_build_cache(made)
+        return engine.prune_build_cache(engine.made_since(before))
     except EngineError as exc:
         log.error(str(exc))
         return None

@@ -379,6 +379,11 @@ class Engine:
         records = [CacheRecord.of(r) for r in raw]
         return sorted(records, key=lambda r: r.created, reverse=True)
 
+    def made_since(self, before: set[str]) -> list[CacheRecord]:
+        """The records made since ``before`` (record ids) that take disk of their own: no image holds
+        them and no build is using them."""
+        return [r for r in self.build_cache() if r.id not in before and not r.shared and not r.in_use]
+
     def prune_build_cache(self, records: Sequence[CacheRecord]) -> int:
         """Remove these records from BuildKit's cache; returns the bytes the engine reclaimed.
 
