@@ -72,7 +72,7 @@ def orphaned_jit_volumes(engine: Engine) -> list[str]:
 
 def made_in_session(engine: Engine, before: set[str]) -> list[CacheRecord]:
     """Records the session made that take disk of their own and no later session can use."""
-    return [r for r in engine.build_cache() if r.id not in before and not r.shared and not r.in_use and r.kind not in KEPT_KINDS]
+    return [r for r in engine.made_since(before) if r.kind not in KEPT_KINDS]
 
 
 def clean(engine: Engine, before: set[str]) -> int:
