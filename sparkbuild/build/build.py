@@ -142,7 +142,7 @@ def ensure_stage(engine: Engine, registry: Registry | None, plan: TargetPlan, st
         action = "reused"
     elif in_registry:
         assert registry is not None
-        push.pull_as(engine, registry, STAGE_REPOSITORY, _tag(stage), plan.target.platform, STAGE_REPOSITORY)
+        push.pull_as(engine, registry, STAGE_REPOSITORY, _tag(stage), plan.target.platform)
         action = "pulled"
     else:
         build_stage(engine, plan, stage, opts, registry)

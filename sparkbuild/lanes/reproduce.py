@@ -259,8 +259,10 @@ def _one(engine: Engine, p: TargetPlan, opts: Options, keep: bool, result: Repro
     result.caches = caches(stages)
     result.skipped = [s.name for s in p.stages if s not in stages]
     token = secrets.token_hex(4)
-    records_before = {r.id for r in engine.build_cache()}
-    cache_before = engine.build_cache_bytes()
+    # One reading of the engine's disk usage (each walks every image and record): ids and bytes.
+    found = engine.build_cache()
+    records_before = {r.id for r in found}
+    cache_before = sum(r.size for r in found)
     runs = [{s.name: f"{REPOSITORY}:{p.id}-{token}-{run}-{s.name}" for s in stages} for run in (1, 2)]
     try:
         for run, tags in enumerate(runs, 1):

@@ -74,9 +74,9 @@ def push_as(engine: Engine, registry: Registry, local: str, repository: str, tag
         return push_image(engine, registry, repository, tag)
 
 
-def pull_as(engine: Engine, registry: Registry, repository: str, tag: str, platform: str, local_repository: str) -> None:
-    """Pull ``repository:tag`` from ``registry`` into the engine as ``local_repository:tag`` alone."""
+def pull_as(engine: Engine, registry: Registry, repository: str, tag: str, platform: str) -> None:
+    """Pull ``repository:tag`` from ``registry`` into the engine under that name alone, without the registry's."""
     remote = f"{registry.host}/{repository}"
     engine.pull(remote, tag, platform)
-    engine.tag(f"{remote}:{tag}", local_repository, tag)
+    engine.tag(f"{remote}:{tag}", repository, tag)
     engine.remove_image(f"{remote}:{tag}")

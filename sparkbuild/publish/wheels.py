@@ -223,7 +223,7 @@ def _stage_image(engine: Engine, registry: Registry, ref: str, platform: str) ->
     tag = ref.rsplit(":", 1)[1]
     if registry.digest(STAGE_REPOSITORY, tag) is None:
         return False
-    push.pull_as(engine, registry, STAGE_REPOSITORY, tag, platform, STAGE_REPOSITORY)
+    push.pull_as(engine, registry, STAGE_REPOSITORY, tag, platform)
     return True
 
 
