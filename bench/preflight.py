@@ -77,7 +77,7 @@ def one(m: Matrix, target_id: str, opts: Options, engine: Engine, url: str) -> d
     )
     closure_s = time.perf_counter() - start
     p = plan.plan_target(rehearsed, m.patch_folders, opts)
-    p = dataclasses.replace(p, source_args={**p.source_args, "SPARKBUILD_GIT_INSTEADOF": f"{url}/={offline.URL}/"})
+    p = dataclasses.replace(p, git_insteadof=f"{url}/={offline.URL}/")
     start = time.perf_counter()
     try:
         report = build.run_preflight(engine, p, opts)

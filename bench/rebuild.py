@@ -62,7 +62,7 @@ def rehearsal(m: Matrix, target_id: str, opts: Options, engine: Engine, url: str
     if change:
         found = changed_commit(found, target.vllm.version, opts)
     p = plan.plan_target(found.apply(rehearsed), m.patch_folders, opts)
-    p = dataclasses.replace(p, source_args={**p.source_args, "SPARKBUILD_GIT_INSTEADOF": f"{url}/={offline.URL}/"})
+    p = dataclasses.replace(p, git_insteadof=f"{url}/={offline.URL}/")
     start = time.perf_counter()
     try:
         report = build.run_preflight(engine, p, opts)

@@ -63,7 +63,7 @@ def factors() -> dict[int, list[float]]:
 
 def tolerances(base: Benchmark, floor: float) -> list[dict[str, Any]]:
     """Each headline figure's tolerance against ``base``, or why it is too noisy to judge."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for level in base.levels:
         for figure in regression.HEADLINE[level.scenario]:
             if getattr(level.figures, figure) is None:

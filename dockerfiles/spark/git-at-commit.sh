@@ -6,10 +6,16 @@
 # given, or every one when none is given; recursively unless --no-recursive (GIT_SUBMODULES_RECURSE).
 set -eu
 repo=$1 commit=$2 dest=$3
-# Where the commits are fetched from may differ from the name the plan hashes (a local mirror, the
-# offline rehearsal's git daemon): SPARKBUILD_GIT_INSTEADOF="NEW=OLD" rewrites URLs git's own way.
-if [ -n "${SPARKBUILD_GIT_INSTEADOF:-}" ]; then
-    git config --global url."${SPARKBUILD_GIT_INSTEADOF%%=*}".insteadOf "${SPARKBUILD_GIT_INSTEADOF#*=}"
+# Where the commits are fetched from may differ from the name the plan hashes (the offline
+# rehearsal's git daemon, on a port of its own each run): "NEW=OLD" in the BuildKit secret
+# git-insteadof rewrites URLs git's own way. A secret, not a build argument: BuildKit keys no step by
+# a secret, so a fetch of the same commit from another port is the same step (the commit id checks it).
+# Set for this script's git commands alone (git's GIT_CONFIG_* variables): a --global setting would
+# stay in the layer, and a later fetch, reusing it, would add a second rewrite beside it.
+insteadof=/run/secrets/git-insteadof
+if [ -s "$insteadof" ]; then
+    rewrite=$(cat "$insteadof")
+    export GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0="url.${rewrite%%=*}.insteadOf" GIT_CONFIG_VALUE_0="${rewrite#*=}"
 fi
 git init --quiet "$dest"
 git -C "$dest" fetch --quiet --depth 1 "$repo" "$commit"

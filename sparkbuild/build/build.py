@@ -212,7 +212,7 @@ def run_preflight(engine: Engine, plan: TargetPlan, opts: Options) -> preflight.
             platform=plan.target.platform,
             labels={},
             build_args=plan.build_args(),
-            secrets=_secrets(opts),
+            secrets=_secrets(opts, plan),
             log_file=opts.out / plan.id / "build-preflight.log",
             target=PREFLIGHT_TARGET,
             output=folder,
@@ -222,10 +222,17 @@ def run_preflight(engine: Engine, plan: TargetPlan, opts: Options) -> preflight.
     return report
 
 
-def _secrets(opts: Options) -> dict[str, Path]:
+def _secrets(opts: Options, plan: TargetPlan) -> dict[str, Path]:
+    """The build's secrets: pip's CA bundle, and where the source stages fetch from (``git-insteadof``)."""
     secrets = {"pip-ca": opts.ca_bundle} if opts.ca_bundle and opts.ca_bundle.is_file() else {}
     if not secrets:
         log.info(f"no CA bundle at {opts.ca_bundle}: pip in the build uses the image's own certificates")
+    if plan.git_insteadof:
+        # Beside the target's logs, never in a build context (a secret is in no layer either).
+        path = opts.out / plan.id / "git-insteadof"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(plan.git_insteadof, encoding="utf-8")
+        secrets["git-insteadof"] = path
     return secrets
 
 
@@ -264,7 +271,7 @@ def build_stage(
                 platform=plan.target.platform,
                 labels=labels,
                 build_args=args,
-                secrets=_secrets(opts),
+                secrets=_secrets(opts, plan),
                 log_file=log_file,
                 cache=cache_flags(engine, opts, registry, plan, stage),
                 no_cache=apart is not None,

@@ -239,10 +239,29 @@ def _index_flags(*, index: str | None = None, links: Path | None = None) -> list
     return [*flags, "--index-strategy", "unsafe-best-match"] if flags else flags
 
 
+# Resolutions that succeeded in this process, by their inputs: a rehearsal's targets often share one
+# runtime (a target built from source and from the wheel, variants of one target), and each resolve
+# asks PyPI again (about 10 s). Within one command the indexes are taken as unchanged.
+_RESOLVED: dict[tuple[str, ...], subprocess.CompletedProcess[str]] = {}
+
+
 def _compile(
     wanted: tuple[str, ...], platform: str, python: str, glibc: str, flags: list[str | Path]
 ) -> subprocess.CompletedProcess[str]:
     """``uv pip compile`` of ``wanted`` for ``platform``; the requirements file comes back as stdout."""
+    key = (*wanted, "|", platform, python, glibc, "|", *map(str, flags))
+    if key in _RESOLVED:
+        log.info(f"the same requirements for {platform} (Python {python}) were resolved earlier in this run: reusing it")
+        return _RESOLVED[key]
+    done = _uv_compile(wanted, platform, python, glibc, flags)
+    if done.returncode == 0:
+        _RESOLVED[key] = done
+    return done
+
+
+def _uv_compile(
+    wanted: tuple[str, ...], platform: str, python: str, glibc: str, flags: list[str | Path]
+) -> subprocess.CompletedProcess[str]:
     platform_name = f"{MACHINE[platform]}-manylinux_{glibc.replace('.', '_')}"
     with tempfile.TemporaryDirectory() as tmp:
         req = Path(tmp) / "runtime-requirements.txt"

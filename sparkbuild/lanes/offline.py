@@ -15,7 +15,7 @@ Each source of a Spark target comes from where a machine with only PyPI can get 
 Every stand-in carries a ``.sparkbuild-stub`` file; preflight names each one in its report. Each
 repository holds one commit made deterministically from its files, so a second rehearsal reuses
 every stage. The repositories are served by ``git daemon`` on loopback while the rehearsal runs, named ``git://sparkbuild-offline/...``
-in the plan and reached through ``SPARKBUILD_GIT_INSTEADOF``.
+in the plan and reached through the build's ``git-insteadof`` secret (``TargetPlan.git_insteadof``).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from sparkbuild.upstream import externals, gitrepo, sources
 from sparkbuild.util import log
 
 STUB_MARK = ".sparkbuild-stub"
-# The name the plan gives the local repositories; the daemon's real address is a build argument
-# (SPARKBUILD_GIT_INSTEADOF), so its port never changes a stage's hash.
+# The name the plan gives the local repositories; the daemon's real address is a BuildKit secret
+# (git-insteadof), so its port changes neither a stage's hash nor a step's cache key.
 URL = "git://sparkbuild-offline"
 STUB_NOTE = "A stand-in made by sparkbuild for an offline rehearsal: the real source is on GitHub.\n"
 CUTLASS_CMAKE = """\

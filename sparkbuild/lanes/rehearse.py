@@ -245,8 +245,8 @@ def plan_of(prepared: Prepared, m: Matrix, opts: Options, url: str | None) -> pl
     """The plan of a prepared target; with ``url``, its source stages fetch from the git daemon."""
     p = plan.plan_target(prepared.target, m.patch_folders, opts)
     if url is not None:
-        # The daemon's address: where the source stages fetch from, not part of any hash.
-        p = replace(p, source_args={**p.source_args, "SPARKBUILD_GIT_INSTEADOF": f"{url}/={offline.URL}/"})
+        # The daemon's address: where the source stages fetch from; a secret, so in no hash or cache key.
+        p = replace(p, git_insteadof=f"{url}/={offline.URL}/")
     return p
 
 

@@ -85,6 +85,10 @@ class TargetPlan:
     patch_sources: dict[str, project.Found] = field(default_factory=dict)
     # Spark: whether vLLM is compiled or upstream's wheel, and why (None: the local profile).
     choice: vllmfrom.Choice | None = None
+    # Where the source stages fetch the pinned commits from, when not from the names the plan hashes
+    # ("NEW=OLD" URL prefixes; the offline rehearsal's git daemon): given to the build as a BuildKit
+    # secret, which keys no step, so another port for the same commits reuses every fetch.
+    git_insteadof: str = ""
 
     @property
     def id(self) -> str:
@@ -148,6 +152,7 @@ class TargetPlan:
             "inputs": self.inputs,
             "labels": self.labels,
             "sources": self.source_args,
+            "git_insteadof": self.git_insteadof or None,
             "found": {
                 "templates": None if self.templates is None else self.templates.to_json(),
                 "patches": {name: found.to_json() for name, found in self.patch_sources.items()},

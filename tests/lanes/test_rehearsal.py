@@ -22,6 +22,7 @@ with one message.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -563,13 +564,39 @@ def variants(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def failed(variants: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+def variants_run(variants: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The variants rehearsed by one command (one offline source set-up): each fails, none stops another."""
     out = tmp_path_factory.mktemp("variants-out")
     only = ["--only", "vllm-0.33.0-cu130-sm120a", "--only", "vllm-0.33.0-cu130-fault", "--only", "vllm-0.33.0-cu130-uncompiled"]
     done = rehearse(out, "--matrix", str(variants), *only)
     assert done.returncode == 8, done.stderr[-3000:]
-    return {r["target"]: r for r in json.loads(done.stdout)}
+    return {"results": {r["target"]: r for r in json.loads(done.stdout)}, "out": out, "stderr": done.stderr}
+
+
+@pytest.fixture(scope="module")
+def failed(variants_run: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return dict(variants_run["results"])
+
+
+def daemon_port(stderr: str) -> str:
+    """The port the rehearsal's git daemon listened on, from its printed command."""
+    (line,) = [line for line in stderr.splitlines() if line.startswith("+ git daemon ")]
+    return line.split("--port=")[1].split()[0]
+
+
+def test_a_later_rehearsal_fetches_no_commit_again_from_a_daemon_on_another_port(
+    shipped: dict[str, Any], variants_run: dict[str, Any]
+) -> None:
+    """Each rehearsal serves its sources on a port of its own; the commits, and so the fetch steps, are
+    the same. The daemon's address is a BuildKit secret (git-at-commit.sh), which keys no step: as a
+    build argument it keyed every step after it, and each rehearsal fetched every source again."""
+    assert daemon_port(shipped["stderr"]) != daemon_port(variants_run["stderr"])
+    build_log = (variants_run["out"] / "vllm-0.33.0-cu130-fault" / "build-preflight.log").read_text()
+    fetch = r"^(#\d+) \[source +\d+/\d+\] RUN --mount=type=secret,id=git-insteadof git-at-commit (\S+)"
+    fetches = re.findall(fetch, build_log, re.M)
+    assert any("/vllm-0.33.0" in repo for _, repo in fetches), build_log[:3000]
+    for step, repo in fetches:
+        assert f"\n{step} CACHED\n" in build_log, f"{repo} was fetched again"
 
 
 def test_an_arch_list_whose_cubins_do_not_load_on_sm121_fails_naming_the_units(failed: dict[str, dict[str, Any]]) -> None:
