@@ -338,7 +338,7 @@ def read_code(path: Path, tool: Path | None = None) -> tuple[tuple[Code, ...], d
             if kind == "elf" and len(parts) >= 5 and parts[0] == "FUNC" and "ENTRY" in parts[1:-1]:
                 kernels.setdefault(parts[-1], {}).setdefault(unit_of(kind, n, arch), set()).add(code)
         if any(c.kind == "ptx" for c in codes):
-            for kind, n, arch, line in _blocks(cmd.lines([exe, "-ptx", path]), path):
+            for kind, n, arch, line in _blocks(_ptx_lines(cmd.lines([exe, "-ptx", path])), path):
                 entry = _ENTRY_RE.match(line) if kind == "ptx" else None
                 if entry is not None:
                     unit = unit_of(kind, n, arch)
@@ -348,6 +348,14 @@ def read_code(path: Path, tool: Path | None = None) -> tuple[tuple[Code, ...], d
             return None
         raise BinaryCheckError(f"{cmd.show(exc.cmd)} failed (exit {exc.returncode}): {(exc.stderr or '').strip()}") from None
     return tuple(sorted(codes)), kernels
+
+
+def _ptx_lines(lines: Iterable[str]) -> Iterator[str]:
+    """The lines of ``cuobjdump -ptx`` that name a block, its arch or a kernel: a vLLM library holds
+    millions of lines of PTX, and a regular expression on each took most of check-binary's time."""
+    for line in lines:
+        if ".entry" in line or line.startswith(("Fatbin ", "arch = ")):
+            yield line
 
 
 def check_file(path: Path, device: Arch, tool: Path | None = None, shown_as: Path | None = None) -> FileReport:
