@@ -29,6 +29,7 @@ from sparkbuild.build import build
 from sparkbuild.config.options import Options
 from sparkbuild.errors import VerifyError
 from sparkbuild.models import model
+from sparkbuild.oci import jitcache
 from sparkbuild.oci.engine import Engine
 from sparkbuild.plan import matrix, plan
 from sparkbuild.util.net import free_port
@@ -96,8 +97,10 @@ def served(
     engine: Engine, local_image: str, cache: Path, mixtral: Path, shipped_check: matrix.Check
 ) -> Iterator[dict[str, Served]]:
     """The local image serving the Mixtral and the alphabet Llama at once (as deployments would:
-    started here, not by verify), with their startup logs."""
+    started here, not by verify, with what they compile kept in the image's own volumes, as
+    `sparkbuild run` keeps it), with their startup logs."""
     folders = {"mixtral": mixtral, "alphabet": model.ensure(cache, "alphabet")}
+    caches = jitcache.for_image(verify.image_id(engine, local_image))
     with contextlib.ExitStack() as stack:
         started = {}
         for name, folder in folders.items():
@@ -109,6 +112,8 @@ def served(
                     [*command, *shipped_check.serve_args],
                     name=f"sparkbuild-{name}-{secrets.token_hex(4)}",
                     mounts={folder: "/model"},
+                    caches=caches,
+                    environment=jitcache.environment(),
                 )
             )
             started[name] = (container, f"http://127.0.0.1:{port}")

