@@ -7,7 +7,8 @@
    the files of every patch that ``applies`` or is ``applied``), compiled with exactly the flags
    CMake gave them, through ccache; each result names the changed files its unit reaches.
 
-It writes ``compile_commands.json``, the compiled objects and ``preflight.json`` to ``--out``;
+It writes ``compile_commands.json``, the compiled objects, ``preflight.json`` and the image's record of
+it (``record.json``, without this build's times and memory) to ``--out``;
 sparkbuild audits the code targets of every unit and runs check-binary on the objects.
 The arguments mirror vLLM's ``setup.py`` (``cmake_build_ext.configure``).
 """
@@ -234,6 +235,15 @@ def main() -> None:
         "arch_list": os.environ.get("TORCH_CUDA_ARCH_LIST"),
     }
     (args.out / "preflight.json").write_text(json.dumps(report, indent=2) + "\n")
+    # The image's copy: the same without what this build measured (times, the compilers' peak memory),
+    # which differ between two builds of the same inputs (`sparkbuild reproduce` found peak_rss_mb so).
+    record = {k: v for k, v in report.items() if k not in MEASURED}
+    record["compiled"] = [{k: v for k, v in unit.items() if k != "seconds"} for unit in compiled]
+    (args.out / "record.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+# Measurements of this build in preflight.json, left out of the image's record.
+MEASURED = ("peak_rss_mb", "configure_seconds", "compile_seconds")
 
 
 if __name__ == "__main__":

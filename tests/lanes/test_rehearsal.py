@@ -184,6 +184,22 @@ def test_the_runtime_image_checks_pass(rehearsed: dict[str, Any]) -> None:
     assert checks["fastsafetensors"]["libnuma.so.1"] == "loads"
 
 
+def test_the_images_preflight_record_holds_no_figure_only_this_build_measured(
+    rehearsed: dict[str, Any], engine: Engine, tmp_path: Path
+) -> None:
+    """The preflight report goes into the image as a record, without the build's times and the
+    compilers' peak memory: `sparkbuild reproduce` of the source-mode vLLM stage found the two builds
+    differing in ``peak_rss_mb`` alone (777 and 750), the wheel the same bytes."""
+    record = json.loads(engine.copy_out(rehearsed["image"], "/opt/sparkbuild/preflight.json", tmp_path).read_text())
+    exported = json.loads((rehearsed["out"] / TARGET / "preflight" / "preflight.json").read_text())
+    measured = {"peak_rss_mb", "configure_seconds", "compile_seconds"}
+    assert measured <= set(exported) and not measured & set(record)
+    assert record == {
+        **{k: v for k, v in exported.items() if k not in measured},
+        "compiled": [{k: v for k, v in unit.items() if k != "seconds"} for unit in exported["compiled"]],
+    }
+
+
 def test_the_runtime_keeps_the_vllm_wheel_in_a_layer_of_its_own(rehearsed: dict[str, Any]) -> None:
     """Dependencies, FlashInfer and vLLM in layers of their own: a vLLM change rewrites a small layer."""
     history = subprocess.run(
