@@ -11,14 +11,13 @@ from urllib.parse import urljoin
 
 import pytest
 import requests
-import yaml
 
-from sparkbuild.build import base_image, build
+from sparkbuild.build import base_image
 from sparkbuild.config import options
 from sparkbuild.oci.engine import Engine
 from sparkbuild.oci.registry import Registry, embedded
-from sparkbuild.plan import matrix, plan
-from tests.support import ROOT, cli, leftovers
+from sparkbuild.plan import matrix
+from tests.support import ROOT, cli, images, leftovers
 from tests.support import matrix as support_matrix
 from tests.support.matrix import MatrixWriter
 
@@ -133,15 +132,7 @@ def base(engine: Engine, cache: Path) -> str:
 @pytest.fixture(scope="session")
 def local_image(engine: Engine, base: str, cache: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The shipped matrix's local target, built (or found by content) as the nightly builds it."""
-    out = tmp_path_factory.mktemp("local-image")
-    shipped = yaml.safe_load((ROOT / "matrix.yaml").read_text())
-    shipped["targets"] = [t for t in shipped["targets"] if t.get("profile") == "local"]
-    shipped.pop("rehearsal", None)
-    (out / "matrix.yaml").write_text(yaml.safe_dump(shipped, sort_keys=False))
-    (out / "patches").symlink_to(ROOT / "patches")
-    opts = options.Options.from_env(matrix=out / "matrix.yaml", cache=cache, out=out)
-    (p,) = plan.make(opts)
-    return build.build(engine, p, opts).image
+    return images.local_image(engine, cache, tmp_path_factory.mktemp("local-image"))
 
 
 @pytest.fixture

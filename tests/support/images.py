@@ -1,11 +1,33 @@
-"""Images a test derives from another: one layer away, built for real (an input broken on purpose)."""
+"""Images tests build: the shipped local target as the nightly builds it (or with some of its keys
+changed), and images derived from another, one layer away, built for real (an input broken on purpose)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import yaml
+
+from sparkbuild.build import build
+from sparkbuild.config import options
 from sparkbuild.oci.engine import Engine
+from sparkbuild.plan import plan
+from tests.support import ROOT
 from tests.support.matrix import LOCAL_PLATFORM
+
+
+def local_image(engine: Engine, cache: Path, out: Path, **changes: Any) -> str:
+    """The shipped matrix's local target with ``changes`` to its keys, built (or found by content) as
+    the nightly builds it; ``out`` gets its matrix and the build's output."""
+    shipped = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    (local,) = [t for t in shipped["targets"] if t.get("profile") == "local"]
+    shipped["targets"] = [{**local, **changes}]
+    shipped.pop("rehearsal", None)
+    (out / "matrix.yaml").write_text(yaml.safe_dump(shipped, sort_keys=False))
+    (out / "patches").symlink_to(ROOT / "patches")
+    opts = options.Options.from_env(matrix=out / "matrix.yaml", cache=cache, out=out)
+    (p,) = plan.make(opts)
+    return build.build(engine, p, opts).image
 
 
 def derived_image(engine: Engine, image: str, tag: str, steps: str, folder: Path, files: dict[str, str] | None = None) -> str:

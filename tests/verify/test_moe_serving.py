@@ -33,19 +33,16 @@ from typing import Any
 
 import pytest
 import requests
-import yaml
 
-from sparkbuild.build import build
-from sparkbuild.config import options
 from sparkbuild.errors import VerifyError
 from sparkbuild.models import model
 from sparkbuild.models.moe import reference
 from sparkbuild.oci.engine import Engine
-from sparkbuild.plan import matrix, plan, runnable
+from sparkbuild.plan import matrix, runnable
 from sparkbuild.util import host
 from sparkbuild.util.net import free_port
 from sparkbuild.verify import verify
-from tests.support import ROOT
+from tests.support import ROOT, images
 
 pytestmark = [
     pytest.mark.docker,
@@ -122,16 +119,9 @@ def older_image(engine: Engine, base: str, cache: Path, tmp_path_factory: pytest
     (its torch stage is the shipped image's); None where this CPU is not the kind it was seen serving on."""
     if MXFP4_CPU_WHY_NOT is not None:
         return None
-    out = tmp_path_factory.mktemp("older-image")
-    shipped = yaml.safe_load((ROOT / "matrix.yaml").read_text())
-    (local,) = [t for t in shipped["targets"] if t.get("profile") == "local"]
-    shipped["targets"] = [{**local, "vllm": {"wheel": OLDER_WHEEL}, "check": ["alphabet"]}]
-    shipped.pop("rehearsal", None)
-    (out / "matrix.yaml").write_text(yaml.safe_dump(shipped, sort_keys=False))
-    (out / "patches").symlink_to(ROOT / "patches")
-    opts = options.Options.from_env(matrix=out / "matrix.yaml", cache=cache, out=out)
-    (p,) = plan.make(opts)
-    return build.build(engine, p, opts).image
+    return images.local_image(
+        engine, cache, tmp_path_factory.mktemp("older-image"), vllm={"wheel": OLDER_WHEEL}, check=["alphabet"]
+    )
 
 
 @dataclasses.dataclass(frozen=True)
