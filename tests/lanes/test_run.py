@@ -33,14 +33,6 @@ PROBE = ROOT / "tests" / "data" / "vllm_serve_config.py"
 
 
 @pytest.fixture(scope="module")
-def local_image(engine: Engine, base: str, cache: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The shipped local target's image (reused where the suite built it already)."""
-    opts = Options.from_env(matrix=ROOT / "matrix.yaml", cache=cache, out=tmp_path_factory.mktemp("out"), only=("*-cpu-*",))
-    (p,) = plan.make(opts)
-    return build.build(engine, p, opts).image
-
-
-@pytest.fixture(scope="module")
 def spark_runtime(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The Spark target's runtime stage context as sparkbuild renders it (serve-defaults.json and the entrypoint)."""
     out = tmp_path_factory.mktemp("render")

