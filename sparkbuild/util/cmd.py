@@ -11,6 +11,9 @@ from pathlib import Path
 
 from sparkbuild.util import log
 
+# The process's own stderr, by descriptor: sys.stderr may be an object without one (a test's capture).
+STDERR_FD = 2
+
 
 def show(args: Sequence[str | os.PathLike[str]], env: Mapping[str, str] | None = None) -> str:
     prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
@@ -27,7 +30,9 @@ def run(
     check: bool = True,
     stdin: bytes | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Print ``+ cmd`` and run it; ``env`` adds to the current environment."""
+    """Print ``+ cmd`` and run it; ``env`` adds to the current environment. Unless captured, its
+    output goes to stderr with every log line: sparkbuild's stdout holds results alone (``--json``),
+    and a tool's chatter there (debootstrap's, making a base) made ``rehearse --json`` unreadable."""
     log.info(show(args, env))
     full_env = {**os.environ, **env} if env else None
     return subprocess.run(
@@ -36,7 +41,8 @@ def run(
         cwd=cwd,
         check=check,
         text=True,
-        capture_output=capture,
+        stdout=subprocess.PIPE if capture else STDERR_FD,
+        stderr=subprocess.PIPE if capture else None,
         input=stdin.decode() if stdin is not None else None,
     )
 

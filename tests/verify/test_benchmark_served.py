@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from sparkbuild.build import build
 from sparkbuild.config.options import Options
 from sparkbuild.lanes import pipeline
 from sparkbuild.oci.engine import Engine
@@ -28,23 +27,14 @@ from tests.support.matrix import LOCAL_PLATFORM, local_id
 
 pytestmark = pytest.mark.docker
 
-TARGET = "vllm-0.32.0-cpu-amd64"
 RECORDED = DATA / "bench"
 
 
 @pytest.fixture(scope="module")
 def local_plan(cache: Path) -> plan.TargetPlan:
-    (p,) = plan.make(Options.from_env(matrix=ROOT / "matrix.yaml", only=(TARGET,), cache=cache))
+    """The shipped local target's plan on this host (amd64 or arm64); the session's ``local_image`` is its image."""
+    (p,) = plan.make(Options.from_env(matrix=ROOT / "matrix.yaml", only=(local_id(),), cache=cache))
     return p
-
-
-@pytest.fixture(scope="module")
-def local_image(
-    engine: Engine, base: str, cache: Path, local_plan: plan.TargetPlan, tmp_path_factory: pytest.TempPathFactory
-) -> str:
-    """The shipped local target's image (its stages are cached by content in the engine)."""
-    opts = Options.from_env(matrix=ROOT / "matrix.yaml", only=(TARGET,), cache=cache, out=tmp_path_factory.mktemp("out"))
-    return build.build(engine, local_plan, opts).image
 
 
 def test_the_tiny_models_figures_are_consistent_at_every_level(
@@ -66,7 +56,7 @@ def test_the_tiny_models_figures_are_consistent_at_every_level(
     assert bench.window == 128 and bench.levels[0].shape == benchmark.Shape(input_len=96, output_len=16)
     assert set(bench.seconds_per_level) == set(check.concurrency)
     print(f"benchmark seconds per level: {bench.seconds_per_level}")  # the cost, for the record
-    png = benchreport.plot(bench, None, tmp_path, title=TARGET)
+    png = benchreport.plot(bench, None, tmp_path, title=local_plan.id)
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
@@ -114,7 +104,9 @@ def test_the_baseline_round_trips_and_a_regressed_image_keeps_the_readable_tags(
         secrets={},
         log_file=tmp_path / "b.log",
     )
-    opts = Options.from_env(matrix=ROOT / "matrix.yaml", only=(TARGET,), out=tmp_path / "out", lock=tmp_path / "matrix.lock.json")
+    opts = Options.from_env(
+        matrix=ROOT / "matrix.yaml", only=(local_id(),), out=tmp_path / "out", lock=tmp_path / "matrix.lock.json"
+    )
     ctx = pipeline.Context(opts, registry, tmp_path / "work", {})
     check = local_plan.target.check.name
     try:
