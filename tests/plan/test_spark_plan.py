@@ -239,7 +239,7 @@ def test_every_wheel_a_stage_builds_is_dated_by_source_date_epoch(rendered: dict
             for section in re.split(r"^FROM ", (folder / "Dockerfile").read_text(), flags=re.MULTILINE)[1:]:
                 base, _, name = re.sub(r"^--platform=\S+\s+", "", section.splitlines()[0]).partition(" AS ")
                 epoch = re.search(r"^(ENV|ARG) SOURCE_DATE_EPOCH=\d+$", section, re.MULTILINE)
-                if base.strip() in dated or (epoch is not None and epoch[1] == "ENV"):
+                if base.strip() in dated or re.search(r"^ENV SOURCE_DATE_EPOCH=\d+$", section, re.MULTILINE):
                     dated.add(name.strip())
                 found = re.search(r"pip wheel|bdist_wheel", section)
                 if found is None:
@@ -248,6 +248,36 @@ def test_every_wheel_a_stage_builds_is_dated_by_source_date_epoch(rendered: dict
                 declared = base.strip() in dated or (epoch is not None and epoch.start() < found.start())
                 assert declared, (folder, section[:200])
     assert makers >= 4  # FlashInfer's and vLLM's of both Spark targets at least
+
+
+# What an apt step leaves that holds the time of the build: `sparkbuild reproduce --stage runtime` of the
+# rehearsal named each (2026-11-29, docs/reproduce.md), beside 31,941 .pyc files dated by the build.
+APT_LEFTOVERS = (
+    "/var/log/dpkg.log",
+    "/var/log/alternatives.log",
+    "/var/log/apt/history.log",
+    "/var/log/apt/term.log",
+    "/var/cache/ldconfig/aux-cache",
+    "/var/cache/apt/*.bin",
+    "/var/cache/fontconfig/*",
+)
+
+
+def test_no_image_holds_a_file_dated_by_its_build(rendered: dict[str, list[Path]]) -> None:
+    """The image's own steps (the last section of each target's last stage): every apt step removes
+    what holds the build's time, and SOURCE_DATE_EPOCH comes before the venv is made and pip runs, so
+    that each .pyc is checked by its source's hash instead of holding the build's mtime."""
+    for target, folders in rendered.items():
+        image = re.split(r"^FROM ", (folders[-1] / "Dockerfile").read_text(), flags=re.MULTILINE)[-1]
+        steps = re.findall(r"^RUN (?:.*\\\n)*.*$", image, flags=re.MULTILINE)
+        apt = [step for step in steps if "apt-get install" in step]
+        assert apt, target
+        for step in apt:
+            assert [f for f in APT_LEFTOVERS if f not in step] == [], (target, step[:300])
+        epoch = re.search(r"^(?:ARG|ENV) SOURCE_DATE_EPOCH=\d+$", image, flags=re.MULTILINE)
+        # ensurepip compiles pip's own .pyc files when the venv is made: 411 of them differed after pip's did not.
+        pip = re.search(r"\bpip install\b|-m venv\b", image)
+        assert epoch is not None and pip is not None and epoch.start() < pip.start(), target
 
 
 def test_flashinfers_aot_modules_compile_through_ccache_when_asked(tmp_path: Path) -> None:
