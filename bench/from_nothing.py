@@ -167,16 +167,11 @@ def rehearse(mode: str, matrix: Path, work: Path, address: str, disk: DiskPeak) 
         "total_s": round(seconds, 1),
         "uptime_before": load,
         "uptime_after": wheel_build.uptime(),
-        "kernels": result["kernels"],
-        "why": result["vllm_from"]["why"],
-        "stages": result["stages"],
-        "preflight_units": None if result["preflight"] is None else len(result["preflight"]["units"]),
-        "check_binary_libraries": None if result["check_binary"] is None else len(result["check_binary"]["libraries"]),
+        **wheel_build.figures(result, log.read_text()),
         "image_bytes": int(size.stdout.strip()),
         "engine_bytes": du(work / "data"),
         "cache_bytes": du(work / "cache"),
         "disk_peak_bytes": disk.peak - disk.start,
-        "run_steps": wheel_build.run_steps(log.read_text()),
     }
 
 

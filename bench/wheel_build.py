@@ -140,20 +140,27 @@ def run_mode(mode: str, path: Path, work: Path, keep: bool) -> dict[str, Any]:
         "nonce": nonce,
         "uptime_before": load,
         "uptime_after": uptime(),
-        "kernels": result["kernels"],
-        "why": result["vllm_from"]["why"],
-        "stages": result["stages"],
-        "preflight_units": None if result["preflight"] is None else len(result["preflight"]["units"]),
-        "check_binary_libraries": None if result["check_binary"] is None else len(result["check_binary"]["libraries"]),
+        **figures(result, done.stderr),
         "image_bytes": int(size.stdout.strip() or 0),
-        # BuildKit's RUN steps of every build the run made (preflight, stages): run, or from its cache.
-        "run_steps": run_steps(done.stderr),
     }
     if not keep:
         # Only what this run built: a reused stage (FlashInfer's) is another build's.
         refs = [s["ref"] for s in result["stages"] if s["action"] == "built"]
         subprocess.run(["docker", "image", "rm", *refs], capture_output=True, check=False)
     return found
+
+
+def figures(result: dict[str, Any], log: str) -> dict[str, Any]:
+    """What one target's ``rehearse --json`` result and its log say of the run."""
+    return {
+        "kernels": result["kernels"],
+        "why": result["vllm_from"]["why"],
+        "stages": result["stages"],
+        "preflight_units": None if result["preflight"] is None else len(result["preflight"]["units"]),
+        "check_binary_libraries": None if result["check_binary"] is None else len(result["check_binary"]["libraries"]),
+        # BuildKit's RUN steps of every build the run made (preflight, stages): run, or from its cache.
+        "run_steps": run_steps(log),
+    }
 
 
 def run_steps(log: str) -> dict[str, int]:
