@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkbuild.errors import BuildError
-from sparkbuild.models import moe, training
+from sparkbuild.models import arithmetic, making, moe, training
 from sparkbuild.util import log
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz"
@@ -69,34 +69,55 @@ def recipe(name: str) -> Recipe:
     return RECIPES[name]
 
 
-def model_dir(cache: Path, name: str) -> Path:
-    if name in moe.RECIPES:
-        return cache / "models" / f"{name}-{moe.key(name)}"
-    r = recipe(name)
-    return cache / "models" / f"{r.name}-{r.key()}"
+def key(name: str, arith: arithmetic.Arithmetic | None = None) -> str:
+    """The cache key of recipe ``name``: its recipe's and the arithmetic's it is made with (this machine's)."""
+    own = moe.key(name) if name in moe.RECIPES else recipe(name).key()
+    return f"{own}-{(arith or arithmetic.current()).key()}"
+
+
+def model_dir(cache: Path, name: str, arith: arithmetic.Arithmetic | None = None) -> Path:
+    return cache / "models" / f"{name}-{key(name, arith)}"
 
 
 def _maker(cache: Path, name: str) -> Callable[[Path], None]:
     """What writes the model folder for ``name`` (the quantized ones may first ensure the model they quantize)."""
     if name in moe.RECIPES:
-        return lambda out: moe.make(moe.RECIPES[name], out, lambda base: ensure(cache, base))
+        return lambda out: moe.make(moe.RECIPES[name], out, lambda base: ensure_here(cache, base))
     r = recipe(name)
     return lambda out: make(r, out)
 
 
 def ensure(cache: Path, name: str) -> Path:
-    """Return the model folder for ``name``, training it first if the cache lacks it."""
-    target = model_dir(cache, name)
+    """Return the model folder for ``name``, making it first if the cache lacks it: in a process of its own
+    with the arithmetic pinned (sparkbuild/models/arithmetic.py, sparkbuild/models/making.py)."""
+    arith = arithmetic.current()
+    target = model_dir(cache, name, arith)
+    if (target / "sparkbuild-model.json").is_file():
+        log.info(f"model {name}: cached at {target}")
+        return target
+    _maker(cache, name)  # an unknown name fails here, before any process starts
+    making.run(cache, name, arith)
+    return target
+
+
+def ensure_here(cache: Path, name: str) -> Path:
+    """``ensure`` in this process: the making process's own work (and the base a quantized recipe needs).
+    A model made here enters the cache only where the pinned arithmetic is in effect: its key says it is."""
+    arith = arithmetic.current()
+    target = model_dir(cache, name, arith)
     if (target / "sparkbuild-model.json").is_file():
         log.info(f"model {name}: cached at {target}")
         return target
     maker = _maker(cache, name)  # an unknown name fails here, before any folder is made
-    with log.step(f"Training model '{name}' (cached by content at {target})"):
+    with log.step(f"Making model '{name}' (cached by content at {target})"):
+        log.info(f"  arithmetic: {arith.describe()}")
         target.parent.mkdir(parents=True, exist_ok=True)
         # A folder of its own, renamed last: an interrupted or concurrent run never leaves or sees a half model.
         partial = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial"))
         try:
             maker(partial)
+            making.require_pinned(arith, name)
+            making.record(partial, key(name, arith), arith)
             try:
                 partial.rename(target)
             except OSError:
@@ -114,7 +135,8 @@ def _windows(sequence: str, window: int) -> list[str]:
     return [" ".join(doubled[i : i + window]) for i in range(len(sequence))]
 
 
-def make(r: Recipe, out: Path) -> None:
+def train(r: Recipe) -> tuple[Any, Any, float]:
+    """The trained dense model, its tokenizer and its last loss."""
     torch, tf = training.libs()
     torch.manual_seed(r.seed)
     corpus = _windows(r.sequence(), r.window)
@@ -141,6 +163,11 @@ def make(r: Recipe, out: Path) -> None:
         steps=r.steps,
         learning_rate=r.learning_rate,
     )
+    return model, fast, loss
+
+
+def make(r: Recipe, out: Path) -> None:
+    model, fast, loss = train(r)
     answer = training.greedy(model, fast, "c d e f", 4)
     log.info(
         f"model {r.name}: {sum(p.numel() for p in model.parameters())} parameters, "
@@ -153,7 +180,7 @@ def make(r: Recipe, out: Path) -> None:
         )
     model.save_pretrained(out, safe_serialization=True)
     fast.save_pretrained(out)
-    meta: dict[str, Any] = {"recipe": asdict(r), "key": r.key(), "greedy": {"c d e f": answer}}
+    meta: dict[str, Any] = {"recipe": asdict(r), "greedy": {"c d e f": answer}}
     (out / "sparkbuild-model.json").write_text(json.dumps(meta, indent=2) + "\n")
     for path in out.iterdir():
         path.chmod(0o644)  # the server in the container may run as another user

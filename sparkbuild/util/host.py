@@ -67,6 +67,15 @@ def cpu_model(cpuinfo: str) -> str:
     return ""
 
 
+def arm_cores(cpuinfo: str) -> tuple[str, ...]:
+    """An Arm CPU's core types as ``implementer:part`` from /proc/cpuinfo (a Spark's GB10 has two: Cortex-X925
+    and Cortex-A725); empty on x86."""
+    fields = [(k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in cpuinfo.splitlines())]
+    implementers = [v for k, v in fields if k == "CPU implementer"]
+    parts = [v for k, v in fields if k == "CPU part"]
+    return tuple(sorted({f"{i}:{p}" for i, p in zip(implementers, parts, strict=False)}))
+
+
 @dataclass(frozen=True, kw_only=True)
 class Cpu:
     model: str

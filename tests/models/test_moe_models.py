@@ -136,7 +136,7 @@ def test_a_checkpoint_the_reference_reads_wrong_never_reaches_the_cache(
 
     monkeypatch.setattr(compressed, "load_reference", shifted)
     with pytest.raises(BuildError, match="quantization lost the answer"):
-        model.ensure(own, "moe-fp8")
+        model.ensure_here(own, "moe-fp8")  # in this process, where the fault is patched in
     assert [p.name for p in (own / "models").iterdir()] == [p.name for p in (cache / "models").glob("moe-alphabet-*")]
 
 
@@ -148,5 +148,5 @@ def test_a_model_a_fault_leaves_right_never_reaches_the_cache(
     own = own_cache(cache, tmp_path)
     monkeypatch.setattr(reference, "expert_faults", lambda: {"experts_x1.01": lambda m: reference._scaled(m, 1.01)})
     with pytest.raises(BuildError, match=r"the fault experts_x1\.01 flips no answer token"):
-        model.ensure(own, "moe-fp8")
+        model.ensure_here(own, "moe-fp8")
     assert not list((own / "models").glob("moe-fp8-*"))

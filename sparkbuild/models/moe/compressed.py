@@ -23,7 +23,7 @@ from typing import Any
 
 from sparkbuild.errors import ToolMissingError
 from sparkbuild.models import training
-from sparkbuild.models.moe import recipe, reference, trained
+from sparkbuild.models.moe import reference, trained
 from sparkbuild.models.moe.recipe import MoeRecipe
 from sparkbuild.models.moe.task import Task
 from sparkbuild.util import log
@@ -192,7 +192,6 @@ def make(r: MoeRecipe, out: Path, base: Path) -> None:
     reference.write_meta(
         r,
         out,
-        recipe.key(r.name),
         proof,
         parameters=size,
         base=base.name,

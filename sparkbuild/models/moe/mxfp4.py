@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkbuild.models import training
-from sparkbuild.models.moe import recipe, reference, trained
+from sparkbuild.models.moe import reference, trained
 from sparkbuild.models.moe.recipe import MoeRecipe
 
 BLOCK = 32  # OCP MX block: 32 elements share one power-of-two scale
@@ -187,14 +187,11 @@ def _variant(folder: Path, element: str | None) -> Callable[[reference.Loaded], 
     return variant
 
 
-def make(r: MoeRecipe, out: Path) -> None:
-    start = time.monotonic()
-    net, fast = trained.train(r)
-    task = r.task()
-    before = reference.summary(reference.read(reference.Loaded(net=net, fast=fast, loader="trained"), task))
-    write(net, fast, out)
+def prove(r: MoeRecipe, out: Path) -> dict[str, Any]:
+    """The proof of the checkpoint written in ``out`` (reference.prove with gpt-oss's own faults and MXFP4's
+    variants): made with the model, and run again elsewhere on the same bytes (bench/check_models_arm64.py)."""
     with training.one_thread():
-        proof = reference.prove(
+        return reference.prove(
             r,
             load(out),
             faults={
@@ -216,10 +213,18 @@ def make(r: MoeRecipe, out: Path) -> None:
                 "in 32-element blocks with E8M0 scales, quantized before each GEMM"
             ),
         )
+
+
+def make(r: MoeRecipe, out: Path) -> None:
+    start = time.monotonic()
+    net, fast = trained.train(r)
+    task = r.task()
+    before = reference.summary(reference.read(reference.Loaded(net=net, fast=fast, loader="trained"), task))
+    write(net, fast, out)
+    proof = prove(r, out)
     reference.write_meta(
         r,
         out,
-        recipe.key(r.name),
         proof,
         parameters=trained.parameters(net),
         trained_float32=before,

@@ -44,6 +44,8 @@ class MoeRecipe:
     fault_from: float = 0.5
     fault_weight: float = 1.0
     seed: int = 1234
+    # A trained recipe whose model fails its proof is trained again from the next seed, this many seeds at most.
+    tries: int = 3
     version: int
 
     def key(self) -> str:
@@ -63,7 +65,7 @@ class MoeRecipe:
 
 
 # Bump when the training or quantizing code changes in a way that changes the checkpoints.
-VERSION = 3
+VERSION = 4
 
 # Dimensions chosen so that no vLLM MoE backend pads (padding is a different code path from the one real
 # models take): hidden 256 meets the largest hidden alignment (TRT-LLM FP4 MoE and Marlin MXFP4 round

@@ -307,7 +307,7 @@ def summary(reading: Reading) -> dict[str, Any]:
     return {"margins": reading.margin, "min_margin": min(min(m) for m in reading.margin)}
 
 
-def write_meta(r: MoeRecipe, out: Path, key: str, proof: dict[str, Any], **facts: Any) -> None:
+def write_meta(r: MoeRecipe, out: Path, proof: dict[str, Any], **facts: Any) -> None:
     """``sparkbuild-model.json``: the recipe, the task, the proof and the tools' versions; written last.
 
     ``greedy`` (prompt -> answer), ``reference.answer`` and ``margins.checkpoint`` (the first prompt's) keep
@@ -318,7 +318,6 @@ def write_meta(r: MoeRecipe, out: Path, key: str, proof: dict[str, Any], **facts
     tools = ("torch", "transformers", "compressed-tensors", "llmcompressor")
     meta: dict[str, Any] = {
         "recipe": asdict(r),
-        "key": key,
         "task": {"rule": task.describe(), "letters": task.alphabet, "near": task.near, "far": task.far},
         "greedy": {p["prompt"]: p["expect"] for p in prompts},
         **proof,

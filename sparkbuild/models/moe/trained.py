@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkbuild.models import training
-from sparkbuild.models.moe import recipe, reference
+from sparkbuild.models.moe import reference
 from sparkbuild.models.moe.recipe import MoeRecipe
 from sparkbuild.models.moe.task import Encoder, Task
 from sparkbuild.util import log
@@ -171,7 +171,6 @@ def make(r: MoeRecipe, out: Path) -> None:
     reference.write_meta(
         r,
         out,
-        recipe.key(r.name),
         proof,
         parameters=parameters(net),
         trained_float32=before,
