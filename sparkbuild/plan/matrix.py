@@ -131,6 +131,19 @@ class Prompt:
     max_tokens: int
     match: Literal["exact", "contains", "regex"] = "exact"
 
+    def accepts(self, received: str) -> bool:
+        return answers(self.expect, self.match, received)
+
+
+def answers(expect: str, match: str, received: str) -> bool:
+    """Whether ``received`` is a right answer to a prompt expecting ``expect`` by ``match``: the one rule every
+    stage of verify judges an answer by (its first answers, the burn-in, the benchmark's, after the load)."""
+    if match == "contains":
+        return expect in received
+    if match == "regex":
+        return re.search(expect, received) is not None
+    return received.strip() == expect.strip()
+
 
 @dataclass(frozen=True, kw_only=True)
 class Arithmetic:

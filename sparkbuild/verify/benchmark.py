@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sparkbuild.errors import VerifyError
+from sparkbuild.plan.matrix import Prompt
 
 Scenario = Literal["decode", "prefill", "queueing"]
 SCENARIOS: tuple[Scenario, ...] = ("decode", "prefill", "queueing")
@@ -39,6 +40,8 @@ MIN_OUTPUT = {"decode": 16, "prefill": 4, "queueing": 8}
 # few tokens. An eighth of the window (at least 4 tokens) is left free so no request is refused.
 TOKENIZER_SLACK = 8
 QUEUE_FACTOR = 4
+# A window the full shapes fit in: the number of requests does not depend on the shapes.
+FULL_WINDOW = 1 << 16
 # Requests per concurrency slot in the decode and prefill runs (more average out a slow first one),
 # and at least MIN_REQUESTS: a figure is a median over a run's requests, and the median of 2 is their
 # mean, which one request slowed by a busy machine moves by half (the check models here answer a
@@ -186,6 +189,99 @@ def arguments(run: Run, *, url: str, model: str, tokenizer: str, result_dir: str
     if run.scenario != "queueing":  # queueing: no client-side cap, the server's queue is what is measured
         args += ["--max-concurrency", str(run.concurrency)]
     return args
+
+
+# --- the check's own answers, through the benchmark's client --------------------------------
+
+# The speed runs' prompts are random token ids with --ignore-eos: no answer is known for them, so the
+# benchmark's outputs cannot be judged. After each repeat, the check's own completion prompts go through
+# the same client (vLLM's ShareGPT dataset from a file: its custom dataset needs pandas, which vLLM's
+# images do not carry), greedy, and every answer is judged: a kernel that turns wrong while the speed is
+# measured fails the check there, naming the repeat.
+KNOWN_DATASET = "known.json"
+# vLLM's ShareGPT dataset drops a prompt of fewer tokens than this (datasets.is_valid_sequence).
+MIN_PROMPT_TOKENS = 4
+
+
+@dataclass(frozen=True, kw_only=True)
+class Known:
+    """The check's own prompts after repeat ``repeat``: ``requests`` of them, ``concurrency`` at a time."""
+
+    repeat: int
+    requests: int
+    concurrency: int
+    max_tokens: int
+
+    @property
+    def name(self) -> str:
+        return f"known-r{self.repeat}"
+
+
+def known_prompts(prompts: Sequence[Prompt], lengths: dict[str, int]) -> tuple[list[Prompt], list[str]]:
+    """The prompts the benchmark's client can send as written (completions, of the first one's answer length
+    and at least MIN_PROMPT_TOKENS long by ``lengths``, the served tokenizer's count), and why each other is not."""
+    sent: list[Prompt] = []
+    why: list[str] = []
+    for p in prompts:
+        if p.api != "completions":
+            why.append(f"{p.name}: a chat prompt (the client sends completions as written)")
+        elif sent and p.max_tokens != sent[0].max_tokens:
+            why.append(f"{p.name}: {p.max_tokens} tokens of answer, not {sent[0].max_tokens} (one length a run)")
+        elif lengths.get(p.name, 0) < MIN_PROMPT_TOKENS:
+            why.append(f"{p.name}: {lengths.get(p.name)} prompt tokens, fewer than vLLM's dataset keeps")
+        else:
+            sent.append(p)
+    return sent, why
+
+
+def known_runs(prompts: Sequence[Prompt], concurrency: Sequence[int], repeats: int) -> list[Known]:
+    """One after each repeat: as many requests as that repeat's decode run at the highest level, at that level."""
+    if not prompts:
+        return []
+    top = max(concurrency)
+    count = max(MIN_REQUESTS, top * ROUNDS)
+    return [Known(repeat=r, requests=count, concurrency=top, max_tokens=prompts[0].max_tokens) for r in range(repeats)]
+
+
+def known_dataset(prompts: Sequence[Prompt], requests: int) -> tuple[list[Prompt], str]:
+    """The prompts in the order they are sent (in turn, ``requests`` of them) and the dataset's JSON."""
+    order = [prompts[i % len(prompts)] for i in range(requests)]
+    turns = [{"conversations": [{"from": "human", "value": p.prompt}, {"from": "gpt", "value": p.expect}]} for p in order]
+    return order, json.dumps(turns, indent=0) + "\n"
+
+
+def known_arguments(run: Known, *, url: str, model: str, tokenizer: str, result_dir: str) -> list[str]:
+    """``vllm bench serve`` sending the dataset in order (no shuffle, none drawn again), greedy, every output kept."""
+    return [
+        "bench", "serve", "--backend", "vllm", "--base-url", url, "--model", model, "--tokenizer", tokenizer,
+        "--dataset-name", "sharegpt", "--dataset-path", f"{result_dir}/{KNOWN_DATASET}", "--disable-shuffle",
+        "--no-oversample", "--sharegpt-output-len", str(run.max_tokens), "--temperature", "0",
+        "--num-prompts", str(run.requests), "--max-concurrency", str(run.concurrency), "--request-rate", "inf",
+        "--num-warmups", "0", "--save-result", "--save-detailed", "--result-dir", result_dir,
+        "--result-filename", f"{run.name}.json", "--disable-tqdm",
+    ]  # fmt: skip
+
+
+def known_wrong(path: Path, order: Sequence[Prompt]) -> list[str]:
+    """Each answer of a known-answer run that is not its prompt's (vLLM keeps the outputs in the order sent)."""
+    try:
+        data = json.loads(path.read_text())
+        texts = list(data["generated_texts"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise VerifyError(f"{path}: vllm bench serve left no outputs to judge ({type(exc).__name__}: {exc})") from None
+    if len(texts) != len(order):
+        return [f"{len(texts)} outputs for {len(order)} requests ({data.get('failed')} failed: {data.get('errors', [])[:2]})"]
+    return [
+        f"request {i + 1} ({p.name}): prompt {p.prompt!r}: expected {p.expect!r}, received {text!r}"
+        for i, (p, text) in enumerate(zip(order, texts, strict=True))
+        if not p.accepts(str(text))
+    ]
+
+
+def requests_sent(concurrency: Sequence[int], repeats: int) -> int:
+    """Every request the speed runs send (their warm-ups too): what a burn-in is sized against."""
+    per_repeat = sum(run.num_prompts + WARMUPS for run in runs(concurrency, FULL_WINDOW, 1))
+    return per_repeat * repeats
 
 
 # --- what vLLM saved -------------------------------------------------------------------------
@@ -363,6 +459,8 @@ class Benchmark:
     seconds: float
     # Seconds of benchmark per concurrency level (every scenario and repeat at that level).
     seconds_per_level: dict[int, float]
+    # The check's own answers the benchmark's client asked for after its repeats (Known), all right.
+    known_answers: int = 0
 
     def level(self, scenario: Scenario, concurrency: int) -> Level | None:
         return next((lv for lv in self.levels if lv.scenario == scenario and lv.concurrency == concurrency), None)
@@ -373,6 +471,7 @@ class Benchmark:
             "window": self.window,
             "seconds": round(self.seconds, 1),
             "seconds_per_level": {str(c): round(s, 1) for c, s in self.seconds_per_level.items()},
+            "known_answers": self.known_answers,
             "levels": [lv.to_json() for lv in self.levels],
         }
 
@@ -415,7 +514,13 @@ def from_json(data: Any, where: str) -> Benchmark:
             if lv["scenario"] in SCENARIOS
         )
         per_level = {int(c): float(s) for c, s in dict(data.get("seconds_per_level") or {}).items()}
-        return Benchmark(levels=levels, window=int(data["window"]), seconds=float(data["seconds"]), seconds_per_level=per_level)
+        return Benchmark(
+            levels=levels,
+            window=int(data["window"]),
+            seconds=float(data["seconds"]),
+            seconds_per_level=per_level,
+            known_answers=int(data.get("known_answers") or 0),
+        )
     except (KeyError, TypeError, ValueError) as exc:
         raise VerifyError(f"{where}: not a sparkbuild benchmark result ({type(exc).__name__}: {exc})") from None
 

@@ -35,7 +35,7 @@ import requests
 from sparkbuild.errors import VerifyError
 from sparkbuild.plan.matrix import Arithmetic, BurnIn, Check, LongGeneration, Needles, Prompt
 from sparkbuild.util import log
-from sparkbuild.verify import probes
+from sparkbuild.verify import benchmark, probes
 
 # How many wrong items an error quotes per kind (verify.json keeps them all).
 SHOWN = 4
@@ -207,7 +207,7 @@ def arithmetic(url: str, model: str, settings: Arithmetic) -> Outcome:
     texts = []
     for i, q in enumerate(asked, 1):
         prompt = arithmetic_prompt(shown, q)
-        ids, context = _tokenized(url, model, prompt, special=True)
+        ids, context = tokenized(url, model, prompt, special=True)
         if len(ids) + settings.max_tokens > context:
             # Said here, not left to the server's refusal: which question, its figure, what to change.
             raise VerifyError(
@@ -288,7 +288,7 @@ def judge_needles(context: int, placed: Sequence[Placed], texts: Sequence[str]) 
 
 def needles(url: str, model: str, settings: Needles) -> Outcome:
     # The BOS token where the tokenizer adds one, and the served context (as GET /v1/models gives it).
-    head, context = _tokenized(url, model, "", special=True)
+    head, context = tokenized(url, model, "", special=True)
     question = _tokenize(url, model, QUESTION)
     keys = pass_keys(settings.seed, len(settings.depths))
     pieces = [_tokenize(url, model, NEEDLE.format(key=key)) for key in keys]
@@ -331,6 +331,27 @@ def burn_in(settings: BurnIn, prompts: Sequence[Prompt], ask: Ask) -> Outcome:
         futures = [pool.submit(ask, p) for p in order]
         answers = [_answer(i, len(futures), f) for i, f in enumerate(futures, 1)]
     return judge_burn_in(settings, answers)
+
+
+def burn_in_too_short(check: Check) -> str | None:
+    """Why ``check``'s burn-in does not meet the rule for the MoE check models (issue 39), or None.
+
+    A MoE kernel that turns wrong with use passes answers asked once. So a check of a sparkbuild check model
+    whose kernel path names ``moe`` burns in at least as many requests as its benchmark sends, at its highest
+    level, every answer judged (a check without ``bench`` as if it had one: its served twin's figures)."""
+    if check.hub is not None or check.path is not None or not any(kind == "moe" for kind, _ in check.kernels):
+        return None
+    need = benchmark.requests_sent(check.concurrency, check.bench_repeats)
+    top = max(check.concurrency)
+    found = check.kinds.burn_in
+    if found is not None and found.requests >= need and found.concurrency >= top:
+        return None
+    has = f"its burn_in is {{requests: {found.requests}, concurrency: {found.concurrency}}}" if found else "it names no burn_in"
+    return (
+        f"check {check.name} serves a MoE check model through a moe kernel path, and {has}: give it at least "
+        f"the benchmark's requests at its highest level, kinds: burn_in: {{requests: {need}, concurrency: {top}}} "
+        "(docs/check-kinds.md)"
+    )
 
 
 def _answer(i: int, count: int, future: Future[Answered]) -> Answered:
@@ -478,10 +499,10 @@ def _complete(url: str, body: dict[str, Any], what: str, timeout: int = probes.T
 
 
 def _tokenize(url: str, model: str, text: str) -> list[int]:
-    return _tokenized(url, model, text)[0]
+    return tokenized(url, model, text)[0]
 
 
-def _tokenized(url: str, model: str, text: str, *, special: bool = False) -> tuple[list[int], int]:
+def tokenized(url: str, model: str, text: str, *, special: bool = False) -> tuple[list[int], int]:
     """``text``'s token ids by the served tokenizer and the served context (vLLM's POST /tokenize)."""
     answer = _post(url, "/tokenize", {"model": model, "prompt": text, "add_special_tokens": special}, "tokenize")
     ids, context = answer.get("tokens"), answer.get("max_model_len")

@@ -9,6 +9,7 @@ saves its result into a folder of the target's output, read back by ``sparkbuild
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -16,11 +17,11 @@ from pathlib import Path
 
 from sparkbuild.errors import EngineError, VerifyError
 from sparkbuild.oci.engine import Engine
-from sparkbuild.plan.matrix import Check
+from sparkbuild.plan.matrix import Check, Prompt
 from sparkbuild.resources import packaged
 from sparkbuild.util import log
-from sparkbuild.verify import benchmark
-from sparkbuild.verify.benchmark import Benchmark, Figures, Run
+from sparkbuild.verify import benchmark, checkkinds
+from sparkbuild.verify.benchmark import Benchmark, Figures, Known, Run
 
 # The image's entrypoint starts the server, so it is replaced by its Python and the runner.
 RUNNER = packaged.resource("vllm_bench.py")
@@ -29,6 +30,8 @@ RESULTS = "/results"
 TOKENIZER = "/model"
 # Every run of a verify sends a few thousand requests at most; a benchmark that takes longer is stuck.
 RUNS_TIMEOUT_S = 3600
+# Wrong answers a message quotes (the run's saved outputs hold them all).
+SHOWN = 4
 
 
 def window_of(model: Path, check: Check) -> int:
@@ -51,23 +54,27 @@ def measure(
     served_name: str,
     folder: Path,
     read_log: Callable[[], str],
+    served_before: int | None = None,
 ) -> Benchmark:
     """Every scenario at every level of ``check.concurrency``, ``check.bench_repeats`` times; the
-    medians. Where this host cannot time the figures that count the client's own turns
+    medians. After each repeat, the check's own completion prompts through the same client, every answer
+    judged (``benchmark.Known``; ``served_before``: the requests the server had served before the
+    benchmark, for the message). Where this host cannot time the figures that count the client's own turns
     (``benchmark.contention``, read from the server's log ``read_log`` gives), every level says so.
-    Raises VerifyError where a run fails or its figures are inconsistent."""
+    Raises VerifyError where a run fails, its figures are inconsistent, or an answer is wrong."""
     window = window_of(model, check)
     folder.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    results = _run_all(
-        engine,
-        image,
-        benchmark.runs(check.concurrency, window, check.bench_repeats),
-        model,
-        url=url,
-        served_name=served_name,
-        folder=folder,
-    )
+    runs = benchmark.runs(check.concurrency, window, check.bench_repeats)
+    lengths = {p.name: len(checkkinds.tokenized(url, served_name, p.prompt, special=True)[0]) for p in check.prompts}
+    prompts, unsent = benchmark.known_prompts(check.prompts, lengths)
+    for why in unsent:
+        log.info(f"  not sent through the benchmark's client: {why}")
+    known = benchmark.known_runs(prompts, check.concurrency, check.bench_repeats)
+    order, dataset = benchmark.known_dataset(prompts, known[0].requests) if known else ([], "[]\n")
+    (folder / benchmark.KNOWN_DATASET).write_text(dataset)
+    results = _run_all(engine, image, runs, known, model, url=url, served_name=served_name, folder=folder)
+    _judge_known(check, runs, known, order, folder, served_before)
     # Each level's own cost: the time vLLM's benchmark reports for its runs (the one import apart).
     per_level: dict[int, float] = {}
     for run, _ in results:
@@ -75,7 +82,33 @@ def measure(
     why = benchmark.contention(read_log(), engine.cpus()) or ""
     if why:
         log.info(f"  only c=1's per-request figures are measurable on this host: {why}")
-    return benchmark.combine(results, window, time.monotonic() - start, per_level, why)
+    combined = benchmark.combine(results, window, time.monotonic() - start, per_level, why)
+    return dataclasses.replace(combined, known_answers=sum(k.requests for k in known))
+
+
+def _judge_known(
+    check: Check, runs: list[Run], known: list[Known], order: list[Prompt], folder: Path, served_before: int | None
+) -> None:
+    """Every known-answer run's answers; the first run with a wrong one fails the check, naming its repeat
+    and how many requests the server had been sent by then."""
+    for k in known:
+        wrong = benchmark.known_wrong(folder / f"{k.name}.json", order)
+        if wrong:
+            sent = sum(r.num_prompts + benchmark.WARMUPS for r in runs if r.repeat <= k.repeat)
+            sent += sum(j.requests for j in known if j.repeat < k.repeat)
+            served = f"{served_before} before the benchmark, then" if served_before is not None else "the benchmark's"
+            raise VerifyError(
+                "\n".join(
+                    [
+                        f"check {check.name}: during the benchmark, after repeat {k.repeat + 1} of {len(known)} ({served} "
+                        f"{sent} requests), {len(wrong)} of {k.requests} of its own answers were wrong "
+                        f"({k.concurrency} at a time, vllm bench serve's client):",
+                        *[f"  {w}" for w in wrong[:SHOWN]],
+                        f"  its outputs: {folder / (k.name + '.json')}",
+                    ]
+                )
+            )
+        log.info(f"  {k.name}: {k.requests} of the check's own answers through the benchmark's client, all right")
 
 
 def _duration(result: Path) -> float:
@@ -86,11 +119,16 @@ def _duration(result: Path) -> float:
 
 
 def _run_all(
-    engine: Engine, image: str, runs: list[Run], model: Path, *, url: str, served_name: str, folder: Path
+    engine: Engine, image: str, runs: list[Run], known: list[Known], model: Path, *, url: str, served_name: str, folder: Path
 ) -> list[tuple[Run, Figures]]:
     """Every run in one container (on the host network: ``url`` is the server's there), so vLLM
-    is imported once per verify, not once per level; each run's figures, checked."""
-    lists = [benchmark.arguments(r, url=url, model=served_name, tokenizer=TOKENIZER, result_dir=RESULTS) for r in runs]
+    is imported once per verify, not once per level, each repeat followed by its known-answer run;
+    each speed run's figures, checked."""
+    args = {"url": url, "model": served_name, "tokenizer": TOKENIZER, "result_dir": RESULTS}
+    lists = []
+    for repeat in sorted({r.repeat for r in runs}):
+        lists += [benchmark.arguments(r, **args) for r in runs if r.repeat == repeat]
+        lists += [benchmark.known_arguments(k, **args) for k in known if k.repeat == repeat]
     listing = folder / "runs.json"
     listing.write_text(json.dumps(lists, indent=1) + "\n")
     mounts = {model.resolve(): (TOKENIZER, "ro"), folder.resolve(): (RESULTS, "rw"), RUNNER.resolve(): (RUNNER_IN_IMAGE, "ro")}

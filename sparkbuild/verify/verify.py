@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -26,10 +25,10 @@ from typing import Any, Literal
 import requests
 from packaging.version import InvalidVersion, Version
 
-from sparkbuild.errors import FatalError, VerifyError
+from sparkbuild.errors import ConfigError, FatalError, VerifyError
 from sparkbuild.oci import jitcache
 from sparkbuild.oci.engine import Container, Engine
-from sparkbuild.plan import runnable
+from sparkbuild.plan import matrix, runnable
 from sparkbuild.plan.matrix import Check, Prompt
 from sparkbuild.upstream import kernelpath
 from sparkbuild.util import host, log
@@ -55,11 +54,7 @@ class Answer:
 
     @property
     def ok(self) -> bool:
-        if self.match == "contains":
-            return self.expected in self.received
-        if self.match == "regex":
-            return re.search(self.expected, self.received) is not None
-        return self.received.strip() == self.expected.strip()
+        return matrix.answers(self.expected, self.match, self.received)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +82,10 @@ class VerifyResult:
     server_log_sha256: str | None = None
     # Depth and time: the check kinds the check names (sparkbuild/verify/checkkinds.py), after its answers.
     kinds: tuple[checkkinds.Outcome, ...] = field(default=())
+    # The requests the server had served when its answers were first asked (vLLM's /metrics; None: unreadable).
+    served_before: int | None = None
+    # The answers and their numbers asked again after everything else verify sent (None: not reached).
+    after_load: Recheck | None = None
 
     @property
     def ok(self) -> bool:
@@ -95,6 +94,7 @@ class VerifyResult:
             and all(k.ok for k in self.kernels)
             and all(n.ok for n in self.numbers)
             and all(k.ok for k in self.kinds)
+            and (self.after_load is None or self.after_load.ok)
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -104,6 +104,32 @@ class VerifyResult:
         for answer, raw in zip(self.answers, data["answers"], strict=True):
             raw["ok"] = answer.ok
         data["kernels"] = [k.to_json() for k in self.kernels]
+        data["numbers"] = [n.to_json() for n in self.numbers]
+        data["after_load"] = self.after_load.to_json() if self.after_load else None
+        return data
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recheck:
+    """The check's answers and their logprobs asked again at the end, judged by the same rule: a kernel that
+    turns wrong with use (right on the first prompts, garbage from the Nth request) fails here."""
+
+    served: int | None
+    answers: tuple[Answer, ...]
+    numbers: tuple[numerics.Comparison, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(a.ok for a in self.answers) and all(n.ok for n in self.numbers)
+
+    def when(self) -> str:
+        return f"after the load ({self.served} requests served)" if self.served is not None else "after the load"
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["ok"] = self.ok
+        for answer, raw in zip(self.answers, data["answers"], strict=True):
+            raw["ok"] = answer.ok
         data["numbers"] = [n.to_json() for n in self.numbers]
         return data
 
@@ -152,6 +178,7 @@ def serve_check(engine: Engine, image: str, check: Check, model: Path, result_fi
                         served_name=MODEL_NAME,
                         folder=folder / "bench",
                         read_log=lambda: container.logs(tail=None),
+                        served_before=served_requests(url),
                     )
                 )
                 if check.bench
@@ -292,6 +319,8 @@ def verify_all(
     is benchmarked. A failing check never stops the next: all are run, then judged together.
     ``model`` is a folder to serve in place of the (single) check's own model. ``layout``: the
     target's checks, where ``checks`` are some of them (their results go where the target's go)."""
+    if short := [why for check in checks if (why := checkkinds.burn_in_too_short(check))]:
+        raise ConfigError("\n".join(short))
     files = result_files(result_file, layout or checks)
     results: dict[str, VerifyResult] = {}
     failures: dict[str, FatalError] = {}
@@ -377,6 +406,7 @@ def run_check(server: Server, check: Check, *, image: str, model: str, startup: 
     """Answers, the benchmark where they are right, and the kernel-path gate; the result is written
     to ``result_file`` (and the server's log beside it), not judged."""
     version = server_version(server.url)
+    served_before = served_requests(server.url)
     answers = tuple(ask(server.url, prompt, server.model) for prompt in check.prompts)
     for a in answers:
         log.info(f"  {a.name} ({a.api}): {a.prompt!r} -> {a.received!r} [{'ok' if a.ok else 'WRONG'}]")
@@ -396,6 +426,7 @@ def run_check(server: Server, check: Check, *, image: str, model: str, startup: 
         levels = ", ".join(map(str, check.concurrency))
         with log.step(f"vllm bench serve: decode, prefill, queueing at concurrency {levels}, x{check.bench_repeats}"):
             bench = server.benchmark()
+    after = recheck(server, check) if right and all(n.ok for n in numbers) and all(k.ok for k in kinds) else None
     text = _keep_log(server, result_file.parent / SERVER_LOG)
     kernels = _gate(text, check, version)
     result = VerifyResult(
@@ -412,6 +443,8 @@ def run_check(server: Server, check: Check, *, image: str, model: str, startup: 
         image_id=server.image_id,
         server_log_sha256=None if text is None else log_digest(text.encode()),
         kinds=kinds,
+        served_before=served_before,
+        after_load=after,
     )
     result_file.parent.mkdir(parents=True, exist_ok=True)
     result_file.write_text(json.dumps(result.to_json(), indent=2) + "\n")
@@ -426,6 +459,37 @@ def held_to_reference(server: Server, check: Check) -> tuple[numerics.Comparison
     for c in found:
         log.info(f"  logprobs against the reference ({server.reference.format}), {c.text()}: {'ok' if c.ok else 'MOVED'}")
     return found
+
+
+def recheck(server: Server, check: Check) -> Recheck:
+    """The answers one by one and their logprobs (one by one and batched) again, after everything else verify
+    sent the server (probes, kinds, the benchmark)."""
+    served = served_requests(server.url)
+    answers = tuple(ask(server.url, prompt, server.model) for prompt in check.prompts)
+    numbers = numerics.compare(server.url, server.model, server.reference, check.name) if server.reference else ()
+    found = Recheck(served=served, answers=answers, numbers=numbers)
+    log.info(
+        f"  {found.when()}: {sum(a.ok for a in answers)} of {len(answers)} answers right, numbers {'ok' if found.ok else 'MOVED'}"
+    )
+    return found
+
+
+# The counter vLLM's /metrics keeps of the requests it finished (one sample per finish reason).
+SERVED = "vllm:request_success_total"
+
+
+def served_requests(url: str) -> int | None:
+    """How many requests the server has finished, by its own count (GET /metrics); None where it has none."""
+    try:
+        response = requests.get(f"{url}/metrics", timeout=10)
+        response.raise_for_status()
+    except requests.RequestException:
+        return None
+    samples = [line.rsplit(" ", 1)[-1] for line in response.text.splitlines() if line.startswith((SERVED + "{", SERVED + " "))]
+    try:
+        return round(sum(float(v) for v in samples)) if samples else None
+    except ValueError:
+        return None
 
 
 def survive_clients(server: Server, check: Check, answers: tuple[Answer, ...]) -> tuple[str, ...]:
@@ -479,16 +543,10 @@ def _gate(text: str | None, check: Check, version: str) -> tuple[kernelpath.Chos
 
 def require(result: VerifyResult, result_file: Path) -> VerifyResult:
     """Raise, naming every wrong answer and every unexpected kernel, unless the result is ok."""
-    problems = [
-        f"  {a.name} ({a.api}): prompt {a.prompt!r}: expected {a.expected!r}, received {a.received!r}"
-        for a in result.answers
-        if not a.ok
-    ]
-    if problems:
-        problems.insert(0, f"{result.image} gave {len(problems)} wrong answer(s) of {len(result.answers)}:")
-    moved = numerics.problems(result.numbers)
-    if moved:
-        problems += [f"{result.image}: the answers' logprobs moved beyond the tolerance recorded with the model:", *moved]
+    before = f"before the load ({result.served_before} requests served)" if result.served_before is not None else "at first"
+    problems = _wrong(result.image, result.answers, result.numbers, before)
+    if result.after_load is not None:
+        problems += _wrong(result.image, result.after_load.answers, result.after_load.numbers, result.after_load.when())
     if failed_kinds := checkkinds.problems(result.kinds):
         problems += [f"{result.image}: check {result.check}'s kinds failed (docs/check-kinds.md):", *failed_kinds]
     gate = kernelpath.failures(result.kernels, result.vllm_version)
@@ -499,6 +557,21 @@ def require(result: VerifyResult, result_file: Path) -> VerifyResult:
             "\n".join([*problems, f"result: {result_file}", f"the server's log: {result_file.parent / SERVER_LOG}"])
         )
     return result
+
+
+def _wrong(image: str, answers: tuple[Answer, ...], numbers: tuple[numerics.Comparison, ...], when: str) -> list[str]:
+    """The wrong answers and moved logprobs of one asking, saying when it was."""
+    problems = [
+        f"  {a.name} ({a.api}): prompt {a.prompt!r}: expected {a.expected!r}, received {a.received!r}"
+        for a in answers
+        if not a.ok
+    ]
+    if problems:
+        problems.insert(0, f"{image} gave {len(problems)} wrong answer(s) of {len(answers)} {when}:")
+    moved = numerics.problems(numbers)
+    if moved:
+        problems += [f"{image}: the answers' logprobs moved beyond the tolerance recorded with the model, {when}:", *moved]
+    return problems
 
 
 def server_version(url: str) -> str:
