@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urljoin
@@ -14,6 +18,7 @@ import requests
 
 from sparkbuild.build import base_image
 from sparkbuild.config import options
+from sparkbuild.models import model
 from sparkbuild.oci.engine import Engine
 from sparkbuild.oci.registry import Registry, embedded
 from sparkbuild.plan import matrix
@@ -29,6 +34,51 @@ pytest_plugins = ["tests.support.trees", "tests.support.upstream"]
 # Ctrl-C. A handler here (not an ignore) gives each child the default again when it starts.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# The check models the suite serves, in the order its tests first need them.
+EARLY_MODELS = ("alphabet", "alphabet-reversed", "moe-alphabet", "moe-nvfp4", "moe-fp8", "gptoss-mxfp4")
+_early: dict[str, subprocess.Popen[bytes]] = {}
+
+
+def models_cache() -> Path:
+    """A cache folder whose models are the ones the ``cache`` fixture gives the session."""
+    keep = os.environ.get("SPARKBUILD_TEST_CACHE")
+    if keep:
+        return Path(keep)
+    models = Path(os.environ.get("SPARKBUILD_TEST_MODELS") or options.default_cache() / "models")
+    if models == options.default_cache() / "models":
+        return options.default_cache()
+    folder = Path(tempfile.mkdtemp(prefix="sparkbuild-early-models-"))
+    models.mkdir(parents=True, exist_ok=True)
+    (folder / "models").symlink_to(models)
+    return folder
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Where the session runs tests that serve check models (``docker``) and the cache lacks some (a cold
+    run: about ten minutes of making, on one core by design), they are made in the background from the
+    start, while the first tests build images; a test that needs one meanwhile waits on its lock."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not any(item.get_closest_marker("docker") for item in session.items):
+        return
+    cache = models_cache()
+    missing = [n for n in EARLY_MODELS if not (model.model_dir(cache, n) / "sparkbuild-model.json").is_file()]
+    if not missing:
+        return
+    log_path = Path(tempfile.gettempdir()) / f"sparkbuild-early-models-{os.getpid()}.log"
+    command = [sys.executable, "-m", "tests.support.early_models", str(cache), *missing]
+    print(f"\nmaking {', '.join(missing)} in the background (log: {log_path}): {shlex.join(command)}")
+    with log_path.open("wb") as out:
+        _early["making"] = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A making still under way when the session ends (a run cut short, or one that needed no model) is
+    interrupted: its half-made folder is removed (the making's own cleanup), never cached."""
+    making = _early.pop("making", None)
+    if making is not None and making.poll() is None:
+        os.killpg(making.pid, signal.SIGINT)
+        making.wait(timeout=60)
 
 
 @pytest.fixture(autouse=True)

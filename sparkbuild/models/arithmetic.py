@@ -76,6 +76,15 @@ class Arithmetic:
         pins = " ".join(f"{k}={v}" for k, v in self.pins.items() if k not in THREADS)
         return f"{self.machine} ({self.cpu}), {pins}, oneDNN off, one thread; {tools}"
 
+    def can_make(self) -> bool:
+        """Whether this host has the tools a making needs (torch first of all)."""
+        return self.tools.get("torch") is not None
+
+    def same_machine(self, recorded: Mapping[str, object]) -> bool:
+        """Whether a model's recorded arithmetic (sparkbuild-model.json) is this one's but for the tools."""
+        mine = self.record(with_key=False)
+        return all(recorded.get(k) == mine[k] for k in ("machine", "cpu", "pins", "mkldnn"))
+
     def record(self, *, with_key: bool = True) -> dict[str, object]:
         """What sparkbuild-model.json says of it; without the key, what the key hashes."""
         fields: dict[str, object] = {"machine": self.machine, "cpu": self.cpu, "pins": dict(self.pins), "mkldnn": MKLDNN}

@@ -20,7 +20,7 @@ from typing import Any
 
 from sparkbuild.errors import BuildError
 from sparkbuild.models import arithmetic, making, moe, training
-from sparkbuild.util import log
+from sparkbuild.util import log, runlock
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz"
 # Bump when the training code changes in a way that changes the weights.
@@ -96,8 +96,40 @@ def ensure(cache: Path, name: str) -> Path:
         log.info(f"model {name}: cached at {target}")
         return target
     _maker(cache, name)  # an unknown name fails here, before any process starts
-    making.run(cache, name, arith)
+    if not arith.can_make() and (made := made_elsewhere(cache, name, arith)) is not None:
+        return made
+    # One making of a model at a time: a second run that needs it (another nightly on the runner, the
+    # suite's own early making) waits for the first and takes its model, instead of making it again.
+    with runlock.hold(target.parent / f".{target.name}.lock", f"the making of model {name}"):
+        if (target / making.META).is_file():
+            log.info(f"model {name}: made by another run meanwhile; cached at {target}")
+            return target
+        making.run(cache, name, arith)
     return target
+
+
+def made_elsewhere(cache: Path, name: str, arith: arithmetic.Arithmetic) -> Path | None:
+    """Where this host lacks the model tools (an install without ``sparkbuild[model]``, serving checks only),
+    the cached model of ``name``'s recipe made on this kind of machine with the same pins (copied here from one
+    that has them); None where there is none. Its key names the tools' versions this host cannot read, so
+    several such models are ambiguous: an error naming them."""
+    own = moe.key(name) if name in moe.RECIPES else recipe(name).key()
+    found = []
+    for folder in sorted((cache / "models").glob(f"{name}-{own}-*")):
+        meta = folder / making.META
+        recorded = json.loads(meta.read_text()).get("arithmetic") if meta.is_file() else None
+        if isinstance(recorded, dict) and arith.same_machine(recorded):
+            found.append(folder)
+    if len(found) > 1:
+        raise BuildError(
+            f"model {name}: the model tools are not installed here, and the cache holds {len(found)} models of its "
+            f"recipe made for this machine with other tools: {', '.join(f.name for f in found)}; install "
+            "'sparkbuild[model]' so that the key chooses, or keep one of them in the cache"
+        )
+    if found:
+        log.info(f"model {name}: the model tools are not installed here; using {found[0]} (made with the same pins)")
+        return found[0]
+    return None
 
 
 def ensure_here(cache: Path, name: str) -> Path:

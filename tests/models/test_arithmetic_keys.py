@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from sparkbuild.errors import BuildError, ToolMissingError
 from sparkbuild.models import arithmetic, making, model, moe
 from sparkbuild.models.moe.recipe import MoeRecipe
+from sparkbuild.util import runlock
 
 X86 = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu sse2 avx avx2 fma avx512f amx_tile\n"
 EPYC = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx avx2 fma avx512f avx512_bf16\n"
@@ -93,3 +95,52 @@ def test_a_search_that_finds_no_proven_model_says_each_seed_and_what_to_raise(tm
     ):
         moe.search(moe.RECIPES["gptoss-mxfp4"], tmp_path, maker)
     assert not list(tmp_path.iterdir())
+
+
+def _cached(cache: Path, name: str, arith: arithmetic.Arithmetic) -> Path:
+    """A model folder as a making leaves it: only its record matters to the lookup."""
+    folder = model.model_dir(cache, name, arith)
+    folder.mkdir(parents=True)
+    (folder / making.META).write_text(json.dumps({"arithmetic": arith.record()}))
+    return folder
+
+
+def test_a_host_without_the_model_tools_uses_the_model_made_for_its_machine_and_pins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An install without sparkbuild[model] (it serves checks only) cannot read the tools' versions its key
+    names; it takes the model of the recipe made with this machine's pins, copied into its cache."""
+    here = current(tmp_path, X86, "x86_64")
+    bare = dataclasses.replace(here, tools={t: None for t in here.tools})
+    monkeypatch.setattr(arithmetic, "current", lambda *a, **k: bare)
+    cache = tmp_path / "cache"
+    # Another machine's model of the same recipe is never taken.
+    _cached(cache, "alphabet", dataclasses.replace(here, machine="aarch64", cpu="cores 0x41:0xd4f"))
+    made = _cached(cache, "alphabet", here)
+    assert model.ensure(cache, "alphabet") == made
+    # Two of them, made with other tools: which is which, this host cannot tell.
+    _cached(cache, "alphabet", dataclasses.replace(here, tools={**here.tools, "torch": "0.0.1"}))
+    with pytest.raises(BuildError, match=r"install 'sparkbuild\[model\]' so that the key chooses"):
+        model.ensure(cache, "alphabet")
+
+
+def test_a_second_run_that_needs_a_model_being_made_waits_for_it_and_makes_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two nightlies on one runner (or the suite's early making and a test) never make one model twice: the
+    second waits on the making's lock and takes the first's model."""
+    here = current(tmp_path, X86, "x86_64")
+    monkeypatch.setattr(arithmetic, "current", lambda *a, **k: here)
+    monkeypatch.setattr(making, "run", lambda *a, **k: pytest.fail("made a model another run was making"))
+    cache = tmp_path / "cache"
+    target = model.model_dir(cache, "alphabet", here)
+    lock = target.parent / f".{target.name}.lock"
+    got: list[Path] = []
+    with runlock.hold(lock, "the first making"):
+        waiter = threading.Thread(target=lambda: got.append(model.ensure(cache, "alphabet")))
+        waiter.start()
+        waiter.join(timeout=2 * runlock.POLL_S)
+        assert waiter.is_alive() and not got  # waiting, not making
+        _cached(cache, "alphabet", here)
+    waiter.join(timeout=30)
+    assert got == [target]
