@@ -69,10 +69,14 @@ def recipe(name: str) -> Recipe:
     return RECIPES[name]
 
 
+def recipe_key(name: str) -> str:
+    """The key of recipe ``name`` alone (dense or MoE): the first part of its cache key."""
+    return moe.key(name) if name in moe.RECIPES else recipe(name).key()
+
+
 def key(name: str, arith: arithmetic.Arithmetic | None = None) -> str:
     """The cache key of recipe ``name``: its recipe's and the arithmetic's it is made with (this machine's)."""
-    own = moe.key(name) if name in moe.RECIPES else recipe(name).key()
-    return f"{own}-{(arith or arithmetic.current()).key()}"
+    return f"{recipe_key(name)}-{(arith or arithmetic.current()).key()}"
 
 
 def model_dir(cache: Path, name: str, arith: arithmetic.Arithmetic | None = None) -> Path:
@@ -113,9 +117,8 @@ def made_elsewhere(cache: Path, name: str, arith: arithmetic.Arithmetic) -> Path
     the cached model of ``name``'s recipe made on this kind of machine with the same pins (copied here from one
     that has them); None where there is none. Its key names the tools' versions this host cannot read, so
     several such models are ambiguous: an error naming them."""
-    own = moe.key(name) if name in moe.RECIPES else recipe(name).key()
     found = []
-    for folder in sorted((cache / "models").glob(f"{name}-{own}-*")):
+    for folder in sorted((cache / "models").glob(f"{name}-{recipe_key(name)}-*")):
         meta = folder / making.META
         recorded = json.loads(meta.read_text()).get("arithmetic") if meta.is_file() else None
         if isinstance(recorded, dict) and arith.same_machine(recorded):

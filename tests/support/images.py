@@ -3,15 +3,19 @@ changed), and images derived from another, one layer away, built for real (an in
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from sparkbuild.build import build
 from sparkbuild.config import options
 from sparkbuild.oci.engine import Engine
 from sparkbuild.plan import plan
+from sparkbuild.plan.matrix import Check
+from sparkbuild.verify import verify
 from tests.support import ROOT
 from tests.support.matrix import LOCAL_PLATFORM
 
@@ -47,3 +51,14 @@ def derived_image(engine: Engine, image: str, tag: str, steps: str, folder: Path
         log_file=folder / "build.log",
     )
     return tag
+
+
+def verify_each(
+    engine: Engine, images: dict[str, str], check: Check, cache: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[verify.Verified, Path]]:
+    """Verify ``check`` on each of ``images`` (name to image), side by side: a server start is mostly
+    imports, and each waits on its own requests. Each name's result and its verify.json."""
+    out = {name: tmp_path_factory.mktemp(f"verify-{name}") / "verify.json" for name in images}
+    with ThreadPoolExecutor(max_workers=len(images)) as pool:
+        futures = {n: pool.submit(verify.verify_all, engine, i, [check], out[n], cache=cache) for n, i in images.items()}
+        return {n: (f.result(), out[n]) for n, f in futures.items()}

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from sparkbuild.oci.engine import Engine
 from sparkbuild.plan import matrix
 from sparkbuild.verify import verify
 from tests.support import DATA, ROOT
-from tests.support.images import derived_image
+from tests.support.images import derived_image, verify_each
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -65,10 +64,7 @@ def verified(
     engine: Engine, broken: dict[str, str], cache: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, tuple[verify.Verified, Path]]:
     check = dataclasses.replace(moe_check(), concurrency=(1,), bench_repeats=1)
-    out = {name: tmp_path_factory.mktemp(f"verify-{name}") / "verify.json" for name in broken}
-    with ThreadPoolExecutor(max_workers=len(broken)) as pool:
-        futures = {n: pool.submit(verify.verify_all, engine, image, [check], out[n], cache=cache) for n, image in broken.items()}
-        return {n: (f.result(), out[n]) for n, f in futures.items()}
+    return verify_each(engine, broken, check, cache, tmp_path_factory)
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))

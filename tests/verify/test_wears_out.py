@@ -18,7 +18,6 @@ and each image fails there, the stage named. The unmodified image passes the sam
 from __future__ import annotations
 
 import dataclasses
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -28,7 +27,7 @@ from sparkbuild.oci.engine import Engine
 from sparkbuild.plan import matrix
 from sparkbuild.verify import verify
 from tests.support import DATA, ROOT
-from tests.support.images import derived_image
+from tests.support.images import derived_image, verify_each
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -63,11 +62,7 @@ def verified(
         images[name] = derived_image(engine, local_image, f"sparkbuild-test/wears-out:{name}", steps, folder, {
             "break_vllm.py": (DATA / "break_vllm.py").read_text()
         })  # fmt: skip
-    out = {name: tmp_path_factory.mktemp(f"verify-{name}") / "verify.json" for name in images}
-    # Side by side: a server start is mostly imports, and each waits on its own requests.
-    with ThreadPoolExecutor(max_workers=len(images)) as pool:
-        futures = {n: pool.submit(verify.verify_all, engine, i, [check()], out[n], cache=cache) for n, i in images.items()}
-        return {n: (f.result(), out[n]) for n, f in futures.items()}
+    return verify_each(engine, images, check(), cache, tmp_path_factory)
 
 
 @pytest.mark.parametrize("name", sorted(WEARS_OUT))
