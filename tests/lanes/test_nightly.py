@@ -113,6 +113,7 @@ def test_the_check_the_target_gained_ran_on_the_published_image(nightly: Nightli
     row = nightly.second_row
     assert row["status"] == "checked" and row["digest"] == nightly.first_row["digest"]
     assert "==> Building" not in nightly.second.stderr and "check moe-alphabet (1/1)" in nightly.second.stderr
+    assert "never ran on it: running them" in nightly.second.stderr and "check alphabet" not in nightly.second.stderr
     assert [(c["check"], c["ok"], c["error"]) for c in row["checks"]] == [("moe-alphabet", True, None)]
     assert "moe-alphabet: 8/8 answers, logprobs as recorded" in nightly.second.stdout  # the lookup chain's 8 prompts
     assert row["speed"]["verdict"] == "no baseline" and [c["check"] for c in row["speed"]["checks"]] == ["moe-alphabet"]

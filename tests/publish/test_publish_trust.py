@@ -9,10 +9,10 @@ target's: the repository is not in the content hash), through the command a user
   refused with exit 6: it names the old image's ID;
 - the real result of this image publishes; ``sparkbuild inspect`` of the reference publish
   printed works after publish ended (the embedded registry is started again, as publish starts
-  it), and so does the name without a registry;
-- a check added to the target runs on the published image at the next nightly (checks are not in
-  the content hash): the target reads ``checked``, not ``up to date``; the nightly after reads
-  ``up to date`` and serves nothing.
+  it), and so does the name without a registry.
+
+A check added to the target, run on the published image at the next nightly, is
+tests/lanes/test_nightly.py's (its second and third nightlies).
 """
 
 from __future__ import annotations
@@ -165,23 +165,3 @@ def test_an_edited_log_or_a_stale_result_is_refused_and_the_real_one_publishes(
     by_name = run_sparkbuild("inspect", setup.image, "--json", env=setup.env)
     assert by_name.returncode == 0, by_name.stderr[-2000:]
     assert json.loads(by_name.stdout)["digest"] == reference.rsplit("@", 1)[1]
-
-
-def test_a_check_the_target_gained_runs_on_the_published_image(setup: Setup, engine: Engine) -> None:
-    grown = team_matrix(setup.folder, ["alphabet", "moe-alphabet"])
-    first = setup.sparkbuild("nightly", "--json", matrix=grown)
-    assert first.returncode == 0, first.stderr[-3000:]
-    (row,) = json.loads(first.stdout)
-    assert row["status"] == "checked", row
-    assert "never ran on it: running them" in first.stderr
-    assert "check moe-alphabet (1/1)" in first.stderr and "check alphabet" not in first.stderr
-    assert "==> Building" not in first.stderr
-    moe = json.loads(setup.result("moe-alphabet").read_text())
-    assert moe["ok"] is True and moe["image"].endswith(f"{REPOSITORY}@{row['digest']}")
-    shown = run_sparkbuild("inspect", f"{REPOSITORY}@{row['digest']}", "--json", env=setup.env)
-    assert shown.returncode == 0, shown.stderr[-2000:]
-    assert sorted(r["check"] for r in json.loads(shown.stdout)["verify"]) == ["alphabet", "moe-alphabet"]
-    again = setup.sparkbuild("nightly", "--json", matrix=grown)
-    assert again.returncode == 0, again.stderr[-3000:]
-    (row,) = json.loads(again.stdout)
-    assert row["status"] == "up to date" and "docker run" not in again.stderr
