@@ -5,6 +5,7 @@ inputs the gate exists to catch; and a check's speed measured on an image as ver
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 from pathlib import Path
 from typing import Literal
@@ -14,7 +15,7 @@ import docker.errors
 from sparkbuild.oci import jitcache
 from sparkbuild.oci.engine import Engine
 from sparkbuild.plan.matrix import Check
-from sparkbuild.verify import checkmodel, speed, verify
+from sparkbuild.verify import benchmark, checkmodel, speed, verify
 from sparkbuild.verify.benchmark import Benchmark
 from tests.support import DATA
 from tests.support.images import derived_image
@@ -42,12 +43,17 @@ def remove(engine: Engine, image: str) -> None:
             engine.client.volumes.get(volume).remove()
 
 
-def measure(engine: Engine, image: str, check: Check, cache: Path, folder: Path) -> Benchmark:
+def measure(engine: Engine, image: str, check: Check, cache: Path, folder: Path, *, only_judged: bool = False) -> Benchmark:
     """``check``'s speed on ``image``: served as verify serves it (a fresh server, the image's own
-    compile volume), benchmarked by ``vllm bench serve`` from the image."""
+    compile volume), benchmarked by ``vllm bench serve`` from the image. ``only_judged``: where this
+    host leaves the benchmark client no CPU of its own (``benchmark.contention``), the levels above 1
+    are not measured, since the gate judges none of their figures there (the suite's time; the bench
+    measures them all)."""
     model = checkmodel.provide(cache, check)
     with verify.started(engine, image, check, model) as (container, url):
         verify.wait_healthy(container, url, check.startup_timeout)
+        if only_judged and 1 in check.concurrency and benchmark.contention(container.logs(tail=None), engine.cpus()):
+            check = dataclasses.replace(check, concurrency=(1,))
         return speed.measure(
             engine,
             image,
