@@ -3,6 +3,7 @@ changed), and images derived from another, one layer away, built for real (an in
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -57,8 +58,22 @@ def verify_each(
     engine: Engine, images: dict[str, str], check: Check, cache: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, tuple[verify.Verified, Path]]:
     """Verify ``check`` on each of ``images`` (name to image), side by side: a server start is mostly
-    imports, and each waits on its own requests. Each name's result and its verify.json."""
+    imports, and each waits on its own requests. Each name's result and its verify.json.
+
+    Each image's engine is bound to one of this host's CPUs in turn (``bound_to_one_cpu``): left to
+    itself, vLLM's CPU engine binds to the first CPU it does not reserve, the same one in every server,
+    so the engines' model loads and steps took turns on it (five servers healthy in 117 s; spread over
+    2 CPUs, 88 s; measured 2026-12-06). One thread each, as on the 2-core machine CI is."""
+    cpus = sorted(os.sched_getaffinity(0))
+    for i, (name, image) in enumerate(images.items()):
+        bound_to_one_cpu(engine, image, cpus[i % len(cpus)], tmp_path_factory.mktemp(f"bound-{name}"))
     out = {name: tmp_path_factory.mktemp(f"verify-{name}") / "verify.json" for name in images}
     with ThreadPoolExecutor(max_workers=len(images)) as pool:
         futures = {n: pool.submit(verify.verify_all, engine, i, [check], out[n], cache=cache) for n, i in images.items()}
         return {n: (f.result(), out[n]) for n, f in futures.items()}
+
+
+def bound_to_one_cpu(engine: Engine, image: str, cpu: int, folder: Path) -> str:
+    """``image`` (the same tag) with its vLLM CPU engine's threads bound to ``cpu`` alone
+    (``VLLM_CPU_OMP_THREADS_BIND``, vLLM's own setting): a metadata layer, nothing else changed."""
+    return derived_image(engine, image, image, f"ENV VLLM_CPU_OMP_THREADS_BIND={cpu}", folder)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -39,12 +40,26 @@ def alphabet(*extra: str) -> matrix.Check:
     return dataclasses.replace(check, serve_args=(*check.serve_args, *extra), concurrency=(1,), bench_repeats=1)
 
 
-def test_an_image_whose_engine_dies_on_logprobs_fails_naming_the_request(
-    engine: Engine, no_compiler: str, cache: Path, tmp_path: Path
-) -> None:
+@pytest.fixture(scope="module")
+def served(
+    engine: Engine, no_compiler: str, cache: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[verify.Verified, Path]]:
+    """The image verified eager and compiled, side by side (each waits on its own server), in a
+    folder each: what verify found and where it kept its evidence."""
+    checks = {"eager": alphabet("--enforce-eager"), "compiled": alphabet()}
+    folders = {name: tmp_path_factory.mktemp(f"no-compiler-{name}") for name in checks}
+    with ThreadPoolExecutor(max_workers=len(checks)) as pool:
+        futures = {
+            n: pool.submit(verify.verify_all, engine, no_compiler, [c], folders[n] / "verify.json", cache=cache)
+            for n, c in checks.items()
+        }
+        return {n: (f.result(), folders[n]) for n, f in futures.items()}
+
+
+def test_an_image_whose_engine_dies_on_logprobs_fails_naming_the_request(served: dict[str, tuple[verify.Verified, Path]]) -> None:
     """Served eager (as every check was before), the image answers the greedy prompts; the first
     request with logprobs kills its engine. verify fails naming that request, and keeps it."""
-    found = verify.verify_all(engine, no_compiler, [alphabet("--enforce-eager")], tmp_path / "verify.json", cache=cache)
+    found, tmp_path = served["eager"]
     error = str(found.failures["alphabet"])
     assert "probe 'logprobs'" in error and "HTTP 500" in error, error
     assert f"its log: {tmp_path / 'server.log'}" in error
@@ -61,12 +76,12 @@ def test_an_image_whose_engine_dies_on_logprobs_fails_naming_the_request(
 
 
 def test_an_image_that_cannot_compile_fails_at_start_with_how_the_server_ended(
-    engine: Engine, no_compiler: str, cache: Path, tmp_path: Path
+    served: dict[str, tuple[verify.Verified, Path]],
 ) -> None:
     """Served with vLLM's defaults (compiled), the same image never gets healthy: verify says the
     engine failed to start (at that line, not at the startup timeout: the API server process may
     live on), and keeps the whole log and failure.json with how the server stood."""
-    found = verify.verify_all(engine, no_compiler, [alphabet()], tmp_path / "verify.json", cache=cache)
+    found, tmp_path = served["compiled"]
     error = str(found.failures["alphabet"])
     assert "before it was healthy" in error and "not healthy after" not in error, error
     failure = json.loads((tmp_path / "failure.json").read_text())

@@ -1,17 +1,23 @@
-"""A MoE kernel that computes right for its first N calls and returns zeros after that fails verify at the
+"""A MoE kernel that computes right for its first N tokens and returns zeros after that fails verify at the
 stage it turns wrong in, naming it (issue 39): the shape Spark owners report most, right on the demo
 prompt and garbage from the Nth request, ``/health`` green.
 
 Each image is the shipped local image plus one layer: a line after vLLM's CPU MoE kernel call
-(``cpu_fused_moe`` in CPUUnquantizedExperts.apply, tests/data/break_vllm.py) that counts the calls and zeroes
-the experts' output from call N on. The check is the shipped ``moe-alphabet`` at one level and two
-repeats, its burn-in sized to that benchmark (84 requests: what the burn-in rule asks). Measured on this
-image with a counting layer (two runs, 2026-12-06, x86_64), the kernel's calls when each stage ended:
-answers 96, probes 162-164, numbers 274-276, burn-in 1282-1284, the benchmark 3178-3180 (the known-answer
-run after repeat 1 ends near 2231, after repeat 2 at the benchmark's end), the answers asked again after
-the load 3388-3390. So the kernel turns wrong after the answers (in the burn-in), after the kinds (in the
-benchmark's first repeat) and after the benchmark, each N hundreds of calls inside its stage (the last 70),
-and each image fails there, the stage named. The unmodified image passes the same check in every nightly
+(``cpu_fused_moe`` in CPUUnquantizedExperts.apply, tests/data/break_vllm.py) that adds up the tokens the
+kernel has computed (rows of ``hidden_states``, both MoE layers) and zeroes the experts' output from token N
+on. The check is the shipped ``moe-alphabet`` at one level and two repeats, its burn-in sized to that
+benchmark (84 requests: what the burn-in rule asks).
+
+Tokens, not calls: how many requests share a step depends on when they arrive, so the kernel's call count
+at a stage's end moves with the machine's timing; the tokens it computes do not (every prompt token and
+every generated token once, whatever the batching). Measured on this image with a layer that logs each
+call (2026-12-06, x86_64): on a quiet host and on one with three busy loops on its 2 cores, the calls
+before the benchmark were 1282 and 1364 (the CI machine's 3250th call fell inside the benchmark's last
+known-answer run, where this host's came after it), and the tokens were the same at every stage's end:
+the answers, probes and numbers 800, the burn-in 2984, the benchmark's first repeat 12376 and its
+known-answer run 12792, the second repeat 22148 and its known-answer run 22564, the answers asked again
+after the load 23188. Each N lies in the middle of its stage, hundreds of tokens from both ends, and each
+image fails there, the stage named. The unmodified image passes the same check in every nightly
 (tests/lanes/test_nightly.py).
 """
 
@@ -31,18 +37,18 @@ from tests.support.images import derived_image, verify_each
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-# N: the kernel's first wrong call, and the words verify's failure must say.
+# N: the token from which the kernel is wrong, and the words verify's failure must say.
 WEARS_OUT = {
-    "in-the-burn-in": (600, "burn_in: "),
-    "in-the-benchmark": (1500, "during the benchmark, after repeat 1 of 2"),
-    "after-the-benchmark": (3250, "after the load ("),
+    "in-the-burn-in": (1900, "burn_in: "),
+    "in-the-benchmark": (7000, "during the benchmark, after repeat 1 of 2"),
+    "after-the-benchmark": (22870, "after the load ("),
 }
-COUNT = '__import__("builtins").__dict__.setdefault("_sparkbuild_calls", [0])'
+COUNT = '__import__("builtins").__dict__.setdefault("_sparkbuild_tokens", [0])'
 
 
 def fault(n: int) -> str:
-    """One statement after the kernel call: count it, and from call ``n`` on zero the experts' output."""
-    return f"{COUNT}.__setitem__(0, {COUNT}[0] + 1) or ({COUNT}[0] >= {n} and output.mul_(0.0))"
+    """One statement after the kernel call: add up its tokens, and from token ``n`` on zero the experts' output."""
+    return f"{COUNT}.__setitem__(0, {COUNT}[0] + hidden_states.shape[0]) or ({COUNT}[0] >= {n} and output.mul_(0.0))"
 
 
 def check() -> matrix.Check:
@@ -71,7 +77,7 @@ def test_a_kernel_that_turns_wrong_with_use_fails_verify_naming_when(
 ) -> None:
     found, _ = verified[name]
     error = found.failures.get("moe-alphabet")
-    assert isinstance(error, VerifyError), f"{name}: verify passed a kernel that turns wrong after {WEARS_OUT[name][0]} calls"
+    assert isinstance(error, VerifyError), f"{name}: verify passed a kernel that turns wrong after {WEARS_OUT[name][0]} tokens"
     text = str(error)
     assert WEARS_OUT[name][1] in text, text
     # Right at first: its first answers passed before the kernel turned.
