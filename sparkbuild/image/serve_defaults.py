@@ -10,8 +10,10 @@ dotted forms (``--compilation-config.cudagraph_capture_sizes``). ``-O`` is vLLM'
 
 The CUDA graph sizes follow the ``--max-num-seqs`` in effect: vLLM's own sizes for it, plus the
 extra sizes the image names (5 and 10 on the Spark: a public report measured the padding dip at
-those concurrencies), unless the user gave a compilation config. A fixed list would cap the graphs
-at the image's default batch when a user asks for ``--max-num-seqs 256``.
+those concurrencies). A fixed list would cap the graphs at the image's default batch when a user asks
+for ``--max-num-seqs 256``. They step aside for every option with which the user sizes the graphs
+or changes how vLLM sizes them (``SIZES_GRAPHS``): the user's options win, and vLLM never sees two
+that it refuses together.
 
 Standard library only; runs in the image as ``python3 serve_defaults.py DEFAULTS.json CMD... ARGS``,
 where DEFAULTS.json is ``{"args": [...], "cudagraph_extra_sizes": [...]}`` (or a list of args).
@@ -28,7 +30,29 @@ from pathlib import Path
 # The README's exit code for invalid input (this script runs in the image, without builder.errors).
 USAGE = 2
 # Short spellings vLLM's argument parser accepts for an option.
-ALIASES = {"-O": "--optimization-level", "-cc": "--compilation-config", "-tp": "--tensor-parallel-size"}
+ALIASES = {
+    "-O": "--optimization-level",
+    "-cc": "--compilation-config",
+    "-sc": "--speculative-config",
+    "-tp": "--tensor-parallel-size",
+}
+# The user's options that size the CUDA graphs, or change how vLLM sizes them: with any of them given,
+# the image adds no graph sizes. vLLM 0.32 and 0.33 refuse --cudagraph-capture-sizes and
+# --max-cudagraph-capture-size beside a compilation config that sets the same field ("... are mutually
+# exclusive", vllm/engine/arg_utils.py); speculative decoding sizes vLLM's graphs by the tokens a step
+# decodes, and --performance-mode interactivity captures every size up to 32 (vllm/config/vllm.py).
+SIZES_GRAPHS = frozenset(
+    {
+        "--compilation-config",
+        "--cudagraph-capture-sizes",
+        "--max-cudagraph-capture-size",
+        "--speculative-config",
+        "--spec-method",
+        "--spec-model",
+        "--spec-tokens",
+        "--performance-mode",
+    }
+)
 # vLLM's default ceiling of the CUDA graph sizes off data-center Blackwell (GB10 is SM121).
 MAX_GRAPH_SIZE = 512
 
@@ -56,7 +80,7 @@ def given(args: list[str]) -> set[str]:
     return {name for arg in args if (name := option_name(arg)) is not None}
 
 
-def _drop_option(args: list[str], name: str) -> list[str]:
+def drop_option(args: list[str], name: str) -> list[str]:
     """``args`` without the ``name`` option and its values."""
     out: list[str] = []
     skipping = False
@@ -115,9 +139,9 @@ def value_of(args: list[str], name: str) -> str | None:
 
 def with_graph_sizes(args: list[str], user: list[str], extra: list[int]) -> list[str]:
     """``args`` plus a compilation config whose graph sizes follow the ``--max-num-seqs`` in ``args``,
-    unless the user set a compilation config or no max_num_seqs is known."""
+    unless the user gave an option that sizes the graphs (``SIZES_GRAPHS``) or no max_num_seqs is known."""
     seqs = value_of(args, "--max-num-seqs")
-    if not extra or "--compilation-config" in given(user) or seqs is None or not seqs.isdigit():
+    if not extra or given(user) & SIZES_GRAPHS or seqs is None or not seqs.isdigit():
         return args
     sizes = capture_sizes(int(seqs), extra)
     return [*args, "--compilation-config", json.dumps({"cudagraph_capture_sizes": sizes})]
@@ -152,17 +176,21 @@ def shm_warning(path: Path = Path("/dev/shm")) -> str | None:  # noqa: S108 - th
     )
 
 
+def command(defaults_file: Path, program: list[str], user: list[str]) -> list[str]:
+    """``program`` (``vllm serve``) with the ``user``'s arguments and the defaults of ``defaults_file``
+    they leave: what the entrypoint runs."""
+    defaults, extra = read_defaults(defaults_file)
+    # The image's own graph sizes are replaced by ones that follow the max_num_seqs in effect.
+    without_graphs = drop_option(defaults, "--compilation-config") if extra else defaults
+    return [*program, *with_graph_sizes(merge(without_graphs, user), user, extra)]
+
+
 def main(argv: list[str]) -> None:
     if len(argv) < 2:
         print("usage: serve_defaults.py DEFAULTS.json COMMAND... [ARGS...]", file=sys.stderr)
         sys.exit(USAGE)
-    defaults_file, command = Path(argv[0]), argv[1:]
-    defaults, extra = read_defaults(defaults_file)
     # The command is "vllm serve"; everything after it is the user's.
-    program, user = command[:2], command[2:]
-    # The image's own graph sizes are replaced by ones that follow the max_num_seqs in effect.
-    without_graphs = _drop_option(defaults, "--compilation-config") if extra else defaults
-    full = [*program, *with_graph_sizes(merge(without_graphs, user), user, extra)]
+    full = command(Path(argv[0]), argv[1:3], argv[3:])
     warning = shm_warning()
     if warning:
         print(warning, file=sys.stderr, flush=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -66,3 +67,36 @@ def test_values_that_look_like_options_stay_with_their_option() -> None:
     # A negative number is a value, not an option the user set.
     merged = serve_defaults.merge(["--seed", "-1", "--max-num-seqs", "16"], ["m", "--max-num-seqs", "4"])
     assert merged == ["m", "--max-num-seqs", "4", "--seed", "-1"]
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        ["--cudagraph-capture-sizes", "1", "2", "4"],
+        ["--cudagraph_capture_sizes=8"],
+        ["--max-cudagraph-capture-size", "64"],
+        ["-sc", '{"method": "ngram", "num_speculative_tokens": 3}'],
+        ["--speculative-config.method=ngram"],
+        ["--spec-method", "ngram", "--spec-tokens", "3"],
+        ["--performance-mode", "interactivity"],
+        ["-cc.cudagraph_mode=NONE"],
+    ],
+)
+def test_the_images_graph_sizes_step_aside_for_any_option_that_sizes_graphs(given: list[str], tmp_path: Path) -> None:
+    """vLLM refuses --cudagraph-capture-sizes beside a compilation config that sets them; speculative
+    decoding and --performance-mode size graphs their own way (tests/support/population.py judges it
+    through vLLM's own config)."""
+    defaults = tmp_path / "serve-defaults.json"
+    defaults.write_text(json.dumps({"args": DEFAULTS, "cudagraph_extra_sizes": [5, 10]}))
+    full = serve_defaults.command(defaults, ["vllm", "serve"], ["m", *given])
+    assert "--compilation-config" not in full
+    assert full[:2] == ["vllm", "serve"] and full[2 : 3 + len(given)] == ["m", *given]
+    assert full.count("--max-num-seqs") == 1
+
+
+def test_without_such_an_option_the_graphs_follow_the_users_max_num_seqs(tmp_path: Path) -> None:
+    defaults = tmp_path / "serve-defaults.json"
+    defaults.write_text(json.dumps({"args": DEFAULTS, "cudagraph_extra_sizes": [5, 10]}))
+    full = serve_defaults.command(defaults, ["vllm", "serve"], ["m", "--max-num-seqs", "4", "-O3"])
+    sizes = json.loads(full[full.index("--compilation-config") + 1])["cudagraph_capture_sizes"]
+    assert sizes == [1, 2, 4, 5, 8]

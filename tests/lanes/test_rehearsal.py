@@ -38,13 +38,14 @@ from sparkbuild.build import build
 from sparkbuild.config.options import Options
 from sparkbuild.errors import SourceError
 from sparkbuild.lanes.rehearse import rehearsal_target
+from sparkbuild.models import model
 from sparkbuild.oci import push
 from sparkbuild.oci.engine import Engine
 from sparkbuild.oci.registry import Registry
 from sparkbuild.plan import lock, matrix, plan
 from sparkbuild.publish import wheels
 from sparkbuild.upstream import externals, sources
-from tests.support import ROOT, cli
+from tests.support import ROOT, cli, leftovers, population
 from tests.support.cli import in_process as sparkbuild
 from tests.support.procs import pids_where
 
@@ -81,10 +82,12 @@ def both_ways(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def shipped(both_ways: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """`sparkbuild rehearse --offline` of that matrix: every Spark target tried, in one command."""
+def shipped(engine: Engine, both_ways: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """`sparkbuild rehearse --offline` of that matrix: every Spark target tried, in one command. Its
+    preflight and intermediate stages are the next session's too (tests/support/leftovers.py)."""
     out = tmp_path_factory.mktemp("rehearse")
-    done = rehearse(out, "--matrix", str(both_ways))
+    with leftovers.kept_for_next_session(engine, "rehearsal-shipped"):
+        done = rehearse(out, "--matrix", str(both_ways))
     # 0.19.0 cannot be rehearsed here (no stand-in for its CUDA 12.9 bases); that fails nothing.
     assert done.returncode == 0, done.stderr[-4000:]
     return {"results": {r["target"]: r for r in json.loads(done.stdout)}, "out": out, "stderr": done.stderr}
@@ -443,6 +446,31 @@ def test_vllms_own_selector_takes_b12x_with_the_patch_and_marlin_without(
     assert patched["nvfp4_w4a4"]["backend"] == unpatched["nvfp4_w4a4"]["backend"] == "FLASHINFER_CUTLASS"
 
 
+def test_the_entrypoint_passes_every_users_options_to_vllm_0_33_configured_for_a_faked_gb10(
+    from_wheel: dict[str, Any], both_ways: Path, engine: Engine, cache: Path, tmp_path: Path
+) -> None:
+    """Issue 38 on the release the Spark target builds: tests/support/population.py's population of
+    users' options through vLLM 0.33's own parser and engine config in the rehearsed image, configured
+    for a GB10, FAKED (tests/data/select_moe_backend.py's fakes: capability 12.1, vLLM's CUDA platform
+    class, the devel base's stub driver; nothing touches a GPU), where vLLM sizes CUDA graphs for real.
+    Judged as on 0.32 (tests/lanes/test_run.py), and where the user sized the graphs (speculative
+    decoding, --performance-mode, a capture size) the image adds none. The entrypoint before the fix got
+    20 of the 48 cases wrong here: 6 refused by vLLM, 14 with the image's sizes over vLLM's own."""
+    m = plan.load_matrix(Options.from_env(matrix=both_ways))
+    target = rehearsal_target(next(t for t in m.targets if t.id == WHEEL_TARGET), m)
+    stub = engine.copy_out(plan.base_name(target.base, target.platform), "/usr/local/cuda/lib64/stubs/libcuda.so", tmp_path)
+    runtime = population.spark_runtime(tmp_path / "render")
+    found = population.run(engine, from_wheel["image"], runtime, model.ensure(cache, "alphabet"), tmp_path, gb10_stub=stub)
+    assert found["platform"] == "/opt/probe/libcuda.so (a stub)"
+    wrong = population.wrong(found)
+    assert not wrong, json.dumps(wrong, indent=1)
+    assert not population.refused_alone(found), population.refused_alone(found)
+    # Where the user sized nothing, the image's promise: vLLM's sizes for the max_num_seqs in effect, and 5 and 10.
+    case = next(c for c in found["cases"] if c["name"] == "--max-num-seqs 64")
+    vllms = case["reference"]["values"]["cudagraph_capture_sizes"]
+    assert vllms and case["entrypoint"]["values"]["cudagraph_capture_sizes"] == sorted({*vllms, 5, 10})
+
+
 def test_a_lock_whose_wheel_sha256_is_wrong_stops_at_pips_hash_check(
     from_wheel: dict[str, Any], both_ways: Path, tmp_path: Path
 ) -> None:
@@ -580,11 +608,13 @@ def variants(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def variants_run(variants: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The variants rehearsed by one command (one offline source set-up): each fails, none stops another."""
+def variants_run(engine: Engine, variants: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The variants rehearsed by one command (one offline source set-up): each fails, none stops another.
+    Their inputs are the same each session, so their records are the next session's too."""
     out = tmp_path_factory.mktemp("variants-out")
     only = ["--only", "vllm-0.33.0-cu130-sm120a", "--only", "vllm-0.33.0-cu130-fault", "--only", "vllm-0.33.0-cu130-uncompiled"]
-    done = rehearse(out, "--matrix", str(variants), *only)
+    with leftovers.kept_for_next_session(engine, "rehearsal-variants"):
+        done = rehearse(out, "--matrix", str(variants), *only)
     assert done.returncode == 8, done.stderr[-3000:]
     return {"results": {r["target"]: r for r in json.loads(done.stdout)}, "out": out, "stderr": done.stderr}
 
