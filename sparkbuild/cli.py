@@ -194,6 +194,9 @@ def plan_cmd(as_json: bool, ids: bool, lane: str, **kwargs: Any) -> None:
             click.echo(f"  jobs:    {p.jobs.text()}")
         if p.target.serve.command():
             click.echo(f"  serve:   {shlex.join(p.target.serve.command())}")
+        click.echo(f"  checks:  {', '.join(c.name for c in p.target.checks)}")
+        for name, why in p.target.left_out:
+            click.echo(f"  left out: {name}: {why}")
         for s in p.stages:
             needs = f"  (uses {', '.join(s.rendered.needs)})" if s.rendered.needs else ""
             click.echo(f"  stage:   {s.name:<11} {s.ref}{needs}")

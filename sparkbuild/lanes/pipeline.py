@@ -43,7 +43,7 @@ from sparkbuild.verify import layout
 # with nothing to build loads none of them (tests/test_startup.py).
 if TYPE_CHECKING:
     from sparkbuild.build import build, closure, preflight
-    from sparkbuild.verify import benchmark, regression, verify
+    from sparkbuild.verify import benchmark, regression, startup, verify
 
 
 class Status(StrEnum):
@@ -53,6 +53,7 @@ class Status(StrEnum):
     CHECKING_PATCHES = "checking patches"
     PREFLIGHT = "preflight"
     BUILDING = "building"
+    PREDICTING = "predicting start-up"
     VERIFYING = "verifying"
     PUBLISHING = "publishing"
     PUBLISHED = "published"
@@ -122,6 +123,10 @@ class TargetRun:
     speeds: dict[str, Speed] = dataclasses.field(default_factory=dict)
     # The checks the target gained since its image was published, run on that image (find_published).
     new_checks: tuple[str, ...] = ()
+    # vLLM's own start-up of each check, predicted in the built image with its GPU faked (Spark
+    # targets), and where the servers then chose otherwise (the prediction was wrong).
+    startup: startup.Startup | None = None
+    mispredicted: tuple[str, ...] = ()
 
     @property
     def speed_verdict(self) -> regression.Verdict | None:
@@ -163,6 +168,7 @@ class TargetRun:
             else {"verdict": self.speed_verdict, "checks": [s.to_json() for s in self.speeds.values()]},
             "seconds": round(self.seconds, 1),
             "stages": [s.to_json() for s in self.stages],
+            "startup": None if self.startup is None else {**self.startup.to_json(), "mispredicted": list(self.mispredicted)},
             "error": self.error,
         }
 
@@ -308,8 +314,28 @@ def build_image(ctx: Context, run: TargetRun) -> bool:
     return True
 
 
+def predict_startup(ctx: Context, run: TargetRun) -> bool:
+    """A Spark image's start-up, predicted before any server runs: vLLM's own code for each check in
+    the built image, a GB10 faked, judged by the kernel-path gate (sparkbuild.verify.startup). A check
+    whose prediction fails fails the target here, before verify serves it and before any push. The
+    local profile serves on this machine's own platform at once: verify is the prediction's test there."""
+    from sparkbuild.verify import checkmodel, startup
+
+    target = run.plan.target
+    if target.profile != "spark" or run.image is None:
+        return True
+    run.status = Status.PREDICTING
+    models = {c.name: checkmodel.provide(ctx.opts.cache, c) for c in target.checks}
+    with tempfile.TemporaryDirectory() as tmp:
+        stub = ctx.engine.copy_out(plan.base_name(target.base, target.platform), startup.STUB, Path(tmp))
+        run.startup = startup.predict(ctx.engine, run.image, target.checks, models, gb10_stub=stub)
+    log.info(run.startup.text())
+    run.startup.require()
+    return True
+
+
 def verify_image(ctx: Context, run: TargetRun) -> bool:
-    from sparkbuild.verify import verify
+    from sparkbuild.verify import startup, verify
 
     assert run.image is not None
     run.status = Status.VERIFYING
@@ -318,6 +344,10 @@ def verify_image(ctx: Context, run: TargetRun) -> bool:
     first = ctx.opts.out / run.plan.id / "verify.json"
     run.verified = verify.verify_all(ctx.engine, run.image, target.checks, first, cache=ctx.opts.cache, gpus=gpus)
     run.result = run.verified.first
+    if run.startup is not None:
+        run.mispredicted = tuple(startup.mispredicted(run.startup, run.verified.results))
+        for line in run.mispredicted:
+            log.warning(line)
     run.verified.require()
     judge_all(ctx, run)
     return True
@@ -406,6 +436,7 @@ TARGET_STAGES: tuple[TargetStage, ...] = (
     check_patches,
     preflight_build,
     build_image,
+    predict_startup,
     verify_image,
     publish_image,
 )

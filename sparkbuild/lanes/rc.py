@@ -110,6 +110,7 @@ def lane_stages(state: dict[str, Any], dry_run: bool) -> tuple[pipeline.TargetSt
         pipeline.preflight_build,
         pipeline.find_published,
         pipeline.build_image,
+        pipeline.predict_startup,
         pipeline.verify_image,
         pipeline.publish_image,
     )

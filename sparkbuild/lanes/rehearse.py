@@ -21,6 +21,10 @@ real requirements and image checks. What a rehearsal swaps, each listed in its r
   project vLLM's CMake clones;
 - the requirements ``rehearsal: relax:`` names.
 
+Then, in an image built from upstream's wheel, vLLM's own start-up for each check the target names, with
+the GPU faked as a GB10 (``sparkbuild.verify.startup``, docs/startup.md: what is faked, exactly), judged
+by the kernel-path gate: a check that fails it fails the rehearsal.
+
 A target that cannot be rehearsed here (no stand-in for a base, a torch index this machine cannot
 reach) is reported as not rehearsable, with the reason, and the others go on.
 """
@@ -47,6 +51,7 @@ from sparkbuild.plan import lock, plan, vllmfrom
 from sparkbuild.plan.matrix import Base, Matrix, Target
 from sparkbuild.upstream import gitrepo, sources
 from sparkbuild.util import log
+from sparkbuild.verify import checkmodel, startup
 
 REPOSITORY = "sparkbuild/rehearsal"
 
@@ -153,6 +158,10 @@ class Rehearsal:
     kernels: str | None = None
     vllm_from: vllmfrom.Choice | None = None
     check_binary: dict[str, Any] | None = None
+    # vLLM's own start-up for each check the target names, a GB10 faked (sparkbuild.verify.startup).
+    startup: startup.Startup | None = None
+    # Checks whose start-up was not predicted here, with why (a model only the runner downloads).
+    not_predicted: dict[str, str] = field(default_factory=dict)
     # Why this machine cannot rehearse the target (None: it can).
     not_rehearsable: str | None = None
     error: str | None = None
@@ -173,6 +182,8 @@ class Rehearsal:
             "kernels": self.kernels,
             "vllm_from": None if self.vllm_from is None else self.vllm_from.to_json(),
             "check_binary": self.check_binary,
+            "startup": None if self.startup is None else self.startup.to_json(),
+            "not_predicted": self.not_predicted,
             "not_rehearsable": self.not_rehearsable,
             "error": self.error,
             "seconds": round(self.seconds, 1),
@@ -282,6 +293,8 @@ def _one(engine: Engine, m: Matrix, pins: lock.Lock, target: Target, opts: Optio
         if outcome.binaries is not None:
             result.check_binary = _binaries_summary(outcome.binaries)
         result.checks = _image_checks(engine, outcome.image)
+        result.status = "start-up"
+        _startup(engine, rehearsed, outcome.image, opts, result)
         result.status = "rehearsed"
     except FatalError as exc:
         result.status, result.error = f"failed ({result.status})", str(exc)
@@ -334,6 +347,30 @@ def _require_torch_index(target: Target) -> None:
         ) from None
 
 
+def _startup(engine: Engine, rehearsed: Target, image: str, opts: Options, result: Rehearsal) -> None:
+    """vLLM's own start-up for each check the target names, in the rehearsed image with a GB10 faked
+    (the build base's stub driver); the kernel-path gate judges it, and a check that fails it fails
+    the rehearsal, naming the check, the kind and the backend."""
+    predicted = []
+    for check in rehearsed.checks:
+        if result.kernels != "real":
+            # vLLM's selectors ask its compiled ops what they support: without them they would judge
+            # another image than the runner's.
+            result.not_predicted[check.name] = "the rehearsal swapped vLLM's kernel compile: its image has no compiled ops to ask"
+        elif check.hub is not None:
+            result.not_predicted[check.name] = f"its model ({check.hub.id}) is downloaded from the Hub on the runner"
+        else:
+            predicted.append(check)
+    if not predicted:
+        return
+    models = {c.name: checkmodel.provide(opts.cache, c) for c in predicted}
+    with tempfile.TemporaryDirectory() as tmp:
+        stub = engine.copy_out(plan.base_name(rehearsed.base, rehearsed.platform), startup.STUB, Path(tmp))
+        result.startup = startup.predict(engine, image, predicted, models, gb10_stub=stub)
+    log.info(result.startup.text())
+    result.startup.require()
+
+
 def _image_checks(engine: Engine, image: str) -> dict[str, Any]:
     """What the runtime stage's image check found (it fails the build on any problem)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -367,6 +404,9 @@ def table(results: list[Rehearsal]) -> str:
             lines += ["  " + line for line in r.closure.text().splitlines()]
         if r.preflight:
             lines += ["  " + line for line in r.preflight.text().splitlines()]
+        if r.startup is not None:
+            lines += ["  " + line for line in r.startup.text().splitlines()]
+        lines += [f"  {name}: start-up not predicted here: {why}" for name, why in r.not_predicted.items()]
         if r.checks:
             lines.append("  image checks: " + ", ".join(f"{k} ok" for k in r.checks if k != "vllm_path"))
         if r.error:

@@ -40,6 +40,7 @@ ROW_KEYS = (
     "speed",
     "seconds",
     "stages",
+    "startup",
     "error",
 )
 HEADER = (

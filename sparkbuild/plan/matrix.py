@@ -343,6 +343,9 @@ class Target:
     # Spark: vLLM compiled from source, or upstream's published wheel of the release with the patch
     # set applied to its Python files; auto chooses (sparkbuild.plan.vllmfrom).
     vllm_from: Literal["auto", "source", "wheel"] = "auto"
+    # Checks the target leaves out by design, each with why (vLLM's own start-up code, faked for the
+    # target's GPU, would fail its gate there: sparkbuild.verify.startup); `plan` shows them.
+    left_out: tuple[tuple[str, str], ...] = ()
     # Upstream's wheel of the release for this platform, as the lock pins it (None: not pinned).
     wheel: lock.WheelPin | None = None
 
@@ -431,6 +434,13 @@ _torch_index = validate.pattern(
 )
 # Bases and checks are named in tags (sparkbuild/base:<name>-<hash>) and labels.
 _name = validate.pattern(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", "a name of letters, digits, '.', '_' and '-'", "cuda-13.0-devel")
+
+
+def _left_out(doc: Located, path: DocPath, value: Any) -> tuple[tuple[str, str], ...]:
+    """``left_out: {CHECK: why}``: each check the target leaves out, with a reason a person reads."""
+    if not isinstance(value, dict):
+        raise doc.fail(path, f"expected a mapping of CHECK: why it is left out, got {validate.type_name(value)}")
+    return tuple((_name(doc, (*path, k), k), validate.line(doc, (*path, k), v)) for k, v in value.items())
 
 
 def _check_names(doc: Located, path: DocPath, value: Any) -> tuple[str, ...]:
@@ -638,6 +648,7 @@ TARGET_KEYS: dict[str, validate.Validator] = {
     "flashinfer_aot": validate.boolean,
     "vllm_extras": validate.list_of(_name),
     "vllm_from": validate.choice(vllmfrom.ASKED),
+    "left_out": _left_out,
 }
 REQUIRED_KEYS = ("profile", "vllm", "torch", "base", "check")
 # Bounds on what one matrix expands to (every target is planned, rendered and hashed).
@@ -943,6 +954,7 @@ def _target(
         flashinfer_aot=values["flashinfer_aot"],
         vllm_extras=values["vllm_extras"],
         vllm_from=values["vllm_from"],
+        left_out=_known_left_out(values["left_out"], values["check"], merged["left_out"], checks),
         where=f"{doc.file}:{doc.line(path)}",
     )
 
@@ -997,6 +1009,19 @@ def _target_checks(names: tuple[str, ...], where: Sourced, checks: dict[str, Che
             hint = validate.suggest(name, checks)
             raise src.fail(at, f"unknown check '{name}'.{hint} Known: {', '.join(checks) or 'none'}")
     return tuple(checks[name] for name in names)
+
+
+def _known_left_out(
+    left: tuple[tuple[str, str], ...], named: tuple[str, ...], where: Sourced, checks: dict[str, Check]
+) -> tuple[tuple[str, str], ...]:
+    """A check left out must be a known check, and not also in the target's ``check:``."""
+    _, src, path = where
+    for name, _ in left:
+        if name not in checks:
+            raise src.fail((*path, name), f"unknown check '{name}'.{validate.suggest(name, checks)}")
+        if name in named:
+            raise src.fail((*path, name), f"check '{name}' is both in check: and left out; remove it from one")
+    return left
 
 
 SPARK_NEEDS = {

@@ -148,6 +148,7 @@ class TargetPlan:
             "unresolved": list(self.unresolved),
             "steps": list(self.steps),
             "checks": [c.name for c in self.target.checks],
+            "left_out": dict(self.target.left_out),
             "vllm_from": None if self.choice is None else self.choice.to_json(),
             "inputs": self.inputs,
             "labels": self.labels,

@@ -1,6 +1,6 @@
 """Which MoE backend vLLM's automatic selection picks on a DGX Spark (SM121), run where there is none.
 
-Run inside an image (or a venv) with vLLM installed: ``python3 select_moe_backend.py [LIBCUDA]``.
+Run inside an image (or a venv) with vLLM installed: ``python3 select_moe_backend.py LIBCUDA``.
 vLLM's compiled kernels link against the CUDA driver (``libcuda.so.1``) and are loaded when its MoE
 modules are imported; where no driver is installed, pass a stub as LIBCUDA (NVIDIA's devel images
 and sparkbuild's devel bases have ``/usr/local/cuda/lib64/stubs/libcuda.so``: every driver entry
@@ -12,70 +12,26 @@ one (FP4 weights, bf16 activations), each with the experts class; then, for gpt-
 layer (expert biases, interleaved swigluoai), what ``select_mxfp4_moe_backend`` picks with ``auto``
 and what ``--moe-backend b12x`` gets (the error it raises, if it refuses).
 
-THE GPU IS FAKED: there is no GB10 here. Before vLLM's modules are imported, ``torch.cuda`` is made
-to report one available device of capability (12, 1) (b12x's own ``is_supported()`` asks torch), and
-vLLM's ``current_platform`` is set to vLLM's own CUDA platform class with ``get_device_capability``
-returning (12, 1). Nothing is allocated or launched on a GPU: the selectors only evaluate each
-backend's support predicate (the package installed, the capability, the quantization scheme, the
-activation, biases, the shape, the parallel config). ``_user_moe_activation_override`` (which reads
-a running engine's config) is made to return None, as vLLM's own tests do. Standard library, torch
-and vLLM only; exits 1 with the message if vLLM's selector raises for an NVFP4 layer.
+THE GPU IS FAKED: there is no GB10 here. Before vLLM's modules are imported, ``torch.cuda`` is made to
+report one available device of capability (12, 1) (b12x's own ``is_supported()`` asks torch), and vLLM's
+``current_platform`` is set to vLLM's own CUDA platform class with ``get_device_capability`` returning
+(12, 1): ``sparkbuild/image/startup_probe.py``'s ``fake_gb10``, copied beside this file (the product's
+start-up prediction fakes the GPU the same way). Nothing is allocated or launched on a GPU: the selectors
+only evaluate each backend's support predicate (the package installed, the capability, the quantization
+scheme, the activation, biases, the shape, the parallel config). ``_user_moe_activation_override`` (which
+reads a running engine's config) is made to return None, as vLLM's own tests do. Standard library, torch,
+vLLM and those fakes only; exits 1 with the message if vLLM's selector raises for an NVFP4 layer.
 """
 
-import ctypes
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+from startup_probe import fake_gb10  # type: ignore[import-not-found]  # sparkbuild/image/startup_probe.py, copied beside it
 
-CAPABILITY = (12, 1)
 MARKER = "sparkbuild nvfp4-moe-b12x-auto"
-
-
-def load_driver(stub: str | None) -> str:
-    """The CUDA driver library vLLM's kernels link against: the system's, else the stub given."""
-    try:
-        ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
-        return "libcuda.so.1"
-    except OSError:
-        if stub is None:
-            sys.exit("no libcuda.so.1 here (no CUDA driver): pass a stub, such as /usr/local/cuda/lib64/stubs/libcuda.so")
-    ctypes.CDLL(stub, mode=ctypes.RTLD_GLOBAL)  # its soname is libcuda.so.1: vLLM's kernels bind to it
-    return f"{stub} (a stub)"
-
-
-def fake_torch_device() -> None:
-    """torch.cuda reports one device of capability 12.1 (a fake: no GPU is touched)."""
-
-    def capability(device: object = None) -> tuple[int, int]:
-        del device
-        return CAPABILITY
-
-    torch.cuda.is_available = lambda: True
-    torch.cuda.device_count = lambda: 1
-    torch.cuda.get_device_capability = capability
-
-
-def fake_platform() -> None:
-    """vLLM's own CUDA platform class (it loads vLLM's kernels, with the driver loaded above), with
-    a GB10's capability instead of a device query."""
-    import vllm.platforms
-    from vllm.platforms.cuda import CudaPlatformBase
-    from vllm.platforms.interface import DeviceCapability
-
-    def capability(cls: type, device_id: int = 0) -> Any:
-        del cls, device_id
-        return DeviceCapability(major=CAPABILITY[0], minor=CAPABILITY[1])
-
-    def name(cls: type, device_id: int = 0) -> str:
-        del cls, device_id
-        return "NVIDIA GB10 (faked)"
-
-    methods: dict[str, Any] = {"get_device_capability": classmethod(capability), "get_device_name": classmethod(name)}
-    fake_gb10 = type("FakeGB10", (CudaPlatformBase,), methods)
-    vllm.platforms._current_platform = fake_gb10()
 
 
 def moe_config(**overrides: Any) -> Any:
@@ -127,9 +83,9 @@ def gpt_oss_mxfp4() -> dict[str, Any]:
 
 
 def main() -> None:
-    driver = load_driver(sys.argv[1] if len(sys.argv) > 1 else None)
-    fake_torch_device()
-    fake_platform()
+    if len(sys.argv) < 2:
+        sys.exit("pass the CUDA driver library to load where none is installed, such as /usr/local/cuda/lib64/stubs/libcuda.so")
+    driver = fake_gb10(sys.argv[1])
     import vllm
     from vllm.model_executor.layers.fused_moe.b12x import B12xExperts
     from vllm.model_executor.layers.fused_moe.oracle import nvfp4 as oracle

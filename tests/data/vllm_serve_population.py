@@ -16,7 +16,6 @@ fraction of one.
 """
 
 import contextlib
-import enum
 import importlib.util
 import io
 import json
@@ -25,6 +24,19 @@ import types
 from pathlib import Path
 from typing import Any
 
+
+def load(path: Path) -> types.ModuleType:
+    """The module of ``path`` (a file mounted beside this one, not an installed package)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# sparkbuild's own start-up probe (sparkbuild/image/startup_probe.py, mounted beside this file): its
+# GB10 fakes and its reading of vLLM's config.
+STARTUP = load(Path(__file__).with_name("startup_probe.py"))
 # The engine config's values a serving option can set: (name, path in VllmConfig).
 FIELDS = (
     ("max_num_seqs", "scheduler_config.max_num_seqs"),
@@ -41,25 +53,6 @@ FIELDS = (
     ("speculative_method", "speculative_config.method"),
     ("num_speculative_tokens", "speculative_config.num_speculative_tokens"),
 )
-
-
-def plain(value: Any) -> Any:
-    """``value`` as JSON can hold it (vLLM's enums by their names)."""
-    if isinstance(value, enum.Enum):
-        return value.name
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)
-
-
-def read(config: Any, path: str) -> Any:
-    for part in path.split("."):
-        config = getattr(config, part, None)
-        if config is None:
-            return None
-    return plain(config)
 
 
 def parser_and_options() -> tuple[Any, list[str]]:
@@ -88,27 +81,14 @@ def configured(args: list[str]) -> dict[str, Any]:
         config = AsyncEngineArgs.from_cli_args(parsed).create_engine_config()
     except Exception as exc:  # vLLM's own refusal is the finding, whatever its class
         return {"args": args, "error": f"{type(exc).__name__}: {exc}"}
-    return {"args": args, "values": {name: read(config, path) for name, path in FIELDS}}
+    return {"args": args, "values": {name: STARTUP.read(config, path) for name, path in FIELDS}}
 
 
 def fake_gb10(stub: str) -> str:
-    """vLLM's CUDA platform with a GB10's capability, FAKED as tests/data/select_moe_backend.py fakes
-    it (its functions: the stub driver loaded under the driver's name, torch.cuda reporting one
-    device of capability 12.1, vLLM's current platform its CUDA class with that capability)."""
-    fake = load(Path(__file__).with_name("select_moe_backend.py"))
-    driver = str(fake.load_driver(stub))
-    fake.fake_torch_device()
-    fake.fake_platform()
-    return driver
-
-
-def load(path: Path) -> types.ModuleType:
-    """The module of ``path`` (a file mounted beside this one, not an installed package)."""
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """vLLM's CUDA platform with a GB10's capability, FAKED as sparkbuild's start-up prediction fakes
+    it (sparkbuild/image/startup_probe.py, mounted beside this file: the stub driver loaded under the
+    driver's name, torch.cuda reporting one GB10, vLLM's current platform its CUDA class with 12.1)."""
+    return str(STARTUP.fake_gb10(stub))
 
 
 def main() -> None:

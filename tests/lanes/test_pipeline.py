@@ -133,6 +133,8 @@ def test_the_compiles_preflight_runs_after_the_patch_check_and_before_the_build(
     for stages in (pipeline.TARGET_STAGES, rc.lane_stages({}, dry_run=False)):
         order = list(stages)
         assert order.index(pipeline.check_patches) < order.index(pipeline.preflight_build) < order.index(pipeline.build_image)
+        # The start-up prediction between the build and verify: a check it fails never reaches a server or a push.
+        assert order.index(pipeline.build_image) < order.index(pipeline.predict_startup) < order.index(pipeline.verify_image)
     assert rc.lane_stages({}, dry_run=True) == (pipeline.check_patches,)
 
 

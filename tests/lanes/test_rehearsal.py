@@ -36,7 +36,7 @@ from packaging.utils import parse_wheel_filename
 
 from sparkbuild.build import build
 from sparkbuild.config.options import Options
-from sparkbuild.errors import SourceError
+from sparkbuild.errors import SourceError, VerifyError
 from sparkbuild.lanes.rehearse import rehearsal_target
 from sparkbuild.models import model
 from sparkbuild.oci import push
@@ -45,6 +45,7 @@ from sparkbuild.oci.registry import Registry
 from sparkbuild.plan import lock, matrix, plan
 from sparkbuild.publish import wheels
 from sparkbuild.upstream import externals, sources
+from sparkbuild.verify import startup
 from tests.support import ROOT, cli, leftovers, population
 from tests.support.cli import in_process as sparkbuild
 from tests.support.procs import pids_where
@@ -430,6 +431,7 @@ def test_vllms_own_selector_takes_b12x_with_the_patch_and_marlin_without(
     probe.mkdir()
     engine.copy_out(plan.base_name(target.base, target.platform), "/usr/local/cuda/lib64/stubs/libcuda.so", probe)
     shutil.copy(ROOT / "tests" / "data" / "select_moe_backend.py", probe)
+    shutil.copy(ROOT / "sparkbuild" / "image" / "startup_probe.py", probe)
     release = sources.vllm_sdist("0.33.0", Options.from_env().cache) / PYTHON_FILE
     installed = f"{from_wheel['checks']['vllm_path']}/{PYTHON_FILE.removeprefix('vllm/')}"
     command = ["python3", "/opt/probe/select_moe_backend.py", "/opt/probe/libcuda.so"]
@@ -446,12 +448,58 @@ def test_vllms_own_selector_takes_b12x_with_the_patch_and_marlin_without(
     assert patched["nvfp4_w4a4"]["backend"] == unpatched["nvfp4_w4a4"]["backend"] == "FLASHINFER_CUTLASS"
 
 
+def test_the_report_holds_vllms_own_start_up_of_every_check_with_a_gb10_faked(
+    from_wheel: dict[str, Any], rehearsed: dict[str, Any]
+) -> None:
+    """Issue 38: the rehearsal of the shipped target ran vLLM 0.33.0's own parser, engine config and
+    model construction for each of its checks in the built image, a GB10 faked (sparkbuild/verify/startup.py),
+    and the kernel-path gate passed each prediction: the FP4 and FP8 MoE checks on FlashInfer's CUTLASS
+    and DeepGEMM, every layer named. The source build's image (its compile swapped) predicts nothing, and says why."""
+    found = from_wheel["startup"]
+    assert found["ok"] and found["vllm"] == "0.33.0" and "GPU FAKED as a GB10" in found["faked"]
+    by_check = {c["check"]: c for c in found["checks"]}
+    assert sorted(by_check) == ["alphabet", "moe-fp8", "moe-fp8-eager", "moe-nvfp4", "moe-nvfp4-eager"]
+    assert all(c["stage"] == "done" and c["ok"] for c in by_check.values())
+    chosen = {name: {k["kind"]: [b["backend"] for b in k["chosen"]] for k in c["kernels"]} for name, c in by_check.items()}
+    assert chosen["moe-nvfp4"] == {"moe": ["FLASHINFER_CUTLASS"], "nvfp4_gemm": ["FLASHINFER_CUTLASS"]}
+    assert chosen["moe-fp8-eager"] == {"moe": ["DEEPGEMM"]}
+    assert {(layer["kind"], layer["backend"]) for layer in by_check["moe-nvfp4"]["layers"]} == {
+        ("attention", "FLASH_ATTN"),
+        ("moe", "FLASHINFER_CUTLASS"),
+    }
+    assert by_check["moe-nvfp4-eager"]["values"]["cudagraph_mode"] == "NONE"
+    assert rehearsed["startup"] is None
+    assert set(rehearsed["not_predicted"]) == set(by_check)
+    assert "swapped vLLM's kernel compile" in rehearsed["not_predicted"]["alphabet"]
+
+
+def test_gpt_oss_put_back_on_the_0_33_target_fails_its_predicted_start_up_naming_marlin(
+    from_wheel: dict[str, Any], both_ways: Path, engine: Engine, cache: Path, tmp_path: Path
+) -> None:
+    """What the target's left_out says, proven in the rehearsed image: with the GPU faked as a GB10,
+    vLLM 0.33.0 gives gpt-oss's MXFP4 MoE layers MARLIN, so its checks fail the gate before any runner
+    serves them, naming the check, the kind, the backend and each layer."""
+    m = plan.load_matrix(Options.from_env(matrix=both_ways))
+    target = rehearsal_target(next(t for t in m.targets if t.id == WHEEL_TARGET), m)
+    assert {"gptoss-mxfp4", "gptoss-mxfp4-eager"} <= dict(target.left_out).keys()
+    stub = engine.copy_out(plan.base_name(target.base, target.platform), startup.STUB, tmp_path)
+    checks = [m.checks["gptoss-mxfp4-eager"]]
+    found = startup.predict(
+        engine, from_wheel["image"], checks, {c.name: model.ensure(cache, c.model) for c in checks}, gb10_stub=stub
+    )
+    with pytest.raises(VerifyError) as failed:
+        found.require()
+    said = str(failed.value)
+    assert "check gptoss-mxfp4-eager: the kernel path vLLM will choose fails the gate:" in said
+    assert "vLLM chose MARLIN: " in said and "moe MARLIN on 2 layer(s): model.layers.0.mlp.experts.routed_experts" in said
+
+
 def test_the_entrypoint_passes_every_users_options_to_vllm_0_33_configured_for_a_faked_gb10(
     from_wheel: dict[str, Any], both_ways: Path, engine: Engine, cache: Path, tmp_path: Path
 ) -> None:
     """Issue 38 on the release the Spark target builds: tests/support/population.py's population of
     users' options through vLLM 0.33's own parser and engine config in the rehearsed image, configured
-    for a GB10, FAKED (tests/data/select_moe_backend.py's fakes: capability 12.1, vLLM's CUDA platform
+    for a GB10, FAKED (sparkbuild/image/startup_probe.py's fakes: capability 12.1, vLLM's CUDA platform
     class, the devel base's stub driver; nothing touches a GPU), where vLLM sizes CUDA graphs for real.
     Judged as on 0.32 (tests/lanes/test_run.py), and where the user sized the graphs (speculative
     decoding, --performance-mode, a capture size) the image adds none. The entrypoint before the fix got

@@ -228,8 +228,8 @@ def test_the_rule_writes_only_the_file_it_declares(sweep: dict[str, patch.Report
 
 
 def test_the_selector_probe_is_a_script_for_an_image_with_vllm() -> None:
-    """tests/data/select_moe_backend.py imports only the standard library, torch and vLLM, and says
-    the GPU is faked."""
+    """tests/data/select_moe_backend.py imports only the standard library, torch, vLLM and the product's
+    fakes (sparkbuild/image/startup_probe.py, copied beside it), and says the GPU is faked."""
     script = ROOT / "tests" / "data" / "select_moe_backend.py"
     module = ast.parse(script.read_text())
     roots = {
@@ -238,5 +238,5 @@ def test_the_selector_probe_is_a_script_for_an_image_with_vllm() -> None:
         if isinstance(n, ast.Import | ast.ImportFrom)
         for a in n.names
     }
-    assert roots == {"ctypes", "json", "sys", "pathlib", "typing", "torch", "vllm"}, roots
+    assert roots == {"json", "sys", "pathlib", "typing", "torch", "startup_probe", "vllm"}, roots
     assert "THE GPU IS FAKED" in (ast.get_docstring(module) or "")

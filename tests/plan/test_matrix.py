@@ -190,6 +190,27 @@ def test_a_bad_check_list_names_the_entry(write_matrix: MatrixWriter, value: str
     assert f"{path}:{line_of(path, 'check:')}: {message}" in error_of(path)
 
 
+def test_a_check_left_out_says_why_and_plan_shows_it(write_matrix: MatrixWriter) -> None:
+    """A check a target cannot pass by design leaves its list with the reason (issue 38), never silently."""
+    other = "  other:\n    model: alphabet\n    prompts: [{name: c, api: completions, prompt: a, expect: b, max_tokens: 1}]\n"
+    checks = CHECKS.replace("checks:\n", "checks:\n" + other, 1)
+    why = "vLLM picks MARLIN for it on this GPU (its start-up, predicted)"
+
+    def written(check: str, left_out: str) -> Path:
+        return write_matrix(checks + LOCAL.replace("check: alphabet", f"check: {check}\n    left_out: {left_out}"), False)
+
+    path = written("alphabet", f"{{other: '{why}'}}")
+    (target,) = matrix.load(path).targets
+    assert target.left_out == (("other", why),) and [c.name for c in target.checks] == ["alphabet"]
+    shown = cli.run("plan", "--matrix", str(path))
+    assert shown.returncode == 0, shown.stderr
+    assert f"  left out: other: {why}" in shown.stdout
+    both = error_of(written("[alphabet, other]", "{other: x}"))
+    assert "targets[0].left_out.other: check 'other' is both in check: and left out; remove it from one" in both
+    unknown = error_of(written("alphabet", "{alphabte: x}"))
+    assert "targets[0].left_out.alphabte: unknown check 'alphabte'. Perhaps you meant 'alphabet'?" in unknown
+
+
 def test_duplicate_yaml_key_is_an_error(write_matrix: MatrixWriter) -> None:
     path = write_matrix(LOCAL + '    torch: "2.12.0"\n')
     assert "duplicate key 'torch'" in error_of(path)

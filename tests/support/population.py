@@ -20,7 +20,7 @@ from tests.support import DATA, ROOT
 SPARK = "vllm-0.33.0-cu130-sm121"
 
 PROBE = DATA / "vllm_serve_population.py"
-FAKES = DATA / "select_moe_backend.py"
+FAKES = ROOT / "sparkbuild" / "image" / "startup_probe.py"
 SPEC = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4})
 # What each option the user gives sets in vLLM's engine config (tests/data/vllm_serve_population.py).
 SETS = {

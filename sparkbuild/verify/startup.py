@@ -1,0 +1,223 @@
+"""vLLM's start-up decisions for each check, predicted in the built image before any server runs:
+vLLM's own parser, engine config and model construction (``sparkbuild/image/startup_probe.py``), with
+the image's entrypoint defaults and the check's ``serve_args``, and for a Spark image a GB10 FAKED
+(capability 12.1, its name and memory, the toolkit's stub driver). The kernel-path gate
+(``sparkbuild/upstream/kernelpath.py``) reads the lines vLLM logged meanwhile as it reads a real
+server's log, so the prediction and the runner's verdict use one set of names and one rule.
+
+What it proves: vLLM accepts the check's arguments as the image passes them, sizes its graphs and
+context, and builds every layer of the check model with the backends named. What it cannot: that the
+kernels run or compute right (no weight is loaded, no kernel launched), and the memory a real GPU
+leaves (the faked device reports 119 GiB free, the GB10's unified memory less the OS's).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sparkbuild.errors import EngineError, VerifyError
+from sparkbuild.image import startup_probe
+from sparkbuild.oci.engine import Engine
+from sparkbuild.plan.matrix import Check
+from sparkbuild.upstream import kernelpath
+from sparkbuild.util import log
+
+if TYPE_CHECKING:
+    from sparkbuild.verify.verify import VerifyResult
+
+PROBE = Path(startup_probe.__file__).name
+# Inside the probe's container.
+MOUNT = "/opt/sparkbuild-startup"
+# The image's entrypoint code and serving defaults (dockerfiles/*/90-runtime.Dockerfile.j2).
+SERVE_DEFAULTS = "/opt/sparkbuild/serve_defaults.py"
+DEFAULTS_JSON = "/opt/sparkbuild/serve-defaults.json"
+# The CUDA toolkit's stub driver in a devel base (NVIDIA's images and the bases made here).
+STUB = "/usr/local/cuda/lib64/stubs/libcuda.so"
+# What a GB10 run fakes, said in every report.
+FAKED_GB10 = (
+    "GPU FAKED as a GB10: torch.cuda and vLLM's CUDA platform report capability 12.1, its name and 119 GiB; "
+    "the CUDA driver is the toolkit's stub; the model is built on the meta device (no weight loaded, no kernel run)"
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """One check's start-up as vLLM's own code runs it: how far it got, what it refused, what it chose."""
+
+    check: str
+    args: tuple[str, ...]
+    # parse, config, model: where vLLM refused; done: it built the model.
+    stage: str
+    error: str | None
+    values: dict[str, Any] = field(default_factory=dict)
+    # Per layer: {"layer", "kind", "backend"}.
+    layers: tuple[dict[str, str], ...] = ()
+    kernels: tuple[kernelpath.Chosen, ...] = ()
+    # Every line vLLM logged for this check, as a server prints it (debug lines included).
+    log: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and all(c.ok for c in self.kernels)
+
+    def problems(self, version: str) -> list[str]:
+        """What fails the check by vLLM's own code: its refusal, or a backend the check does not accept
+        (with the layers vLLM gave it)."""
+        if self.error is not None:
+            return [f"check {self.check}: vLLM refuses to start ({self.stage}): {self.error}"]
+        lines = kernelpath.failures(self.kernels, version)
+        for chosen in self.kernels:
+            for backend, _ in chosen.found:
+                named = [layer["layer"] for layer in self.layers if layer["kind"] == chosen.kind and layer["backend"] == backend]
+                if backend not in chosen.expected and named:
+                    lines.append(f"    {chosen.kind} {backend} on {len(named)} layer(s): {', '.join(named)}")
+        return [f"check {self.check}: the kernel path vLLM will choose fails the gate:", *lines] if lines else []
+
+    def summary(self) -> str:
+        """``moe MARLIN x2, attention FLASHINFER x2`` (per kind, the backends and their layer counts)."""
+        counts = Counter((layer["kind"], layer["backend"]) for layer in self.layers)
+        return ", ".join(f"{kind} {backend} x{n}" for (kind, backend), n in sorted(counts.items())) or "no layers"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "check": self.check,
+            "args": list(self.args),
+            "stage": self.stage,
+            "error": self.error,
+            "values": self.values,
+            "layers": list(self.layers),
+            "kernels": [c.to_json() for c in self.kernels],
+            "log": list(self.log),
+            "ok": self.ok,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Startup:
+    """Every check's prediction in one image."""
+
+    image: str
+    vllm: str
+    platform: str
+    faked: str | None
+    predictions: tuple[Prediction, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(p.ok for p in self.predictions)
+
+    def problems(self) -> list[str]:
+        return [line for p in self.predictions for line in p.problems(self.vllm)]
+
+    def require(self) -> None:
+        """Fail the build, before anything is pushed, naming each check, its layer kind and backend."""
+        if problems := self.problems():
+            faked = f" ({self.faked})" if self.faked else ""
+            raise VerifyError("\n".join([f"{self.image}: vLLM {self.vllm}'s own start-up code{faked}:", *problems]))
+
+    def text(self) -> str:
+        where = f"{self.faked}; {self.platform}" if self.faked else self.platform
+        lines = [f"start-up predicted by vLLM {self.vllm}'s own code ({where}):"]
+        for p in self.predictions:
+            verdict = "ok" if p.ok else "FAILS"
+            said = p.error if p.error is not None else f"{p.summary()}; kernel path: {kernelpath.text(p.kernels) or 'not gated'}"
+            lines.append(f"  {p.check}: {verdict}: {said}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "image": self.image,
+            "vllm": self.vllm,
+            "platform": self.platform,
+            "faked": self.faked,
+            "ok": self.ok,
+            "checks": [p.to_json() for p in self.predictions],
+        }
+
+
+def cases(checks: Sequence[Check], models: dict[str, str]) -> list[dict[str, Any]]:
+    """The probe's input: per check, the user's arguments as verify gives them to the image (its model
+    where the probe mounts it, then ``serve_args``); the image's entrypoint adds its defaults."""
+    return [{"name": c.name, "user": [models[c.name], *c.serve_args]} for c in checks]
+
+
+def predict(
+    engine: Engine,
+    image: str,
+    checks: Sequence[Check],
+    models: dict[str, Path],
+    *,
+    gb10_stub: Path | None,
+    timeout_s: float = 1800,
+) -> Startup:
+    """Run the probe once in ``image`` for every check (``models``: each check's model folder); with
+    ``gb10_stub`` (a CUDA driver stub library) the GPU is faked as a GB10."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        where = {name: f"/models/{i}" for i, name in enumerate(sorted({str(p) for p in models.values()}))}
+        mounts: dict[Path, tuple[str, str]] = {Path(src): (dst, "ro") for src, dst in where.items()}
+        (folder / "cases.json").write_text(json.dumps(cases(checks, {c.name: where[str(models[c.name])] for c in checks})))
+        (folder / PROBE).write_bytes(Path(startup_probe.__file__).read_bytes())
+        command = ["python3", f"{MOUNT}/{PROBE}", f"{MOUNT}/cases.json", SERVE_DEFAULTS, DEFAULTS_JSON]
+        if gb10_stub is not None:
+            (folder / "libcuda.so").write_bytes(gb10_stub.read_bytes())
+            command += ["--gb10", f"{MOUNT}/libcuda.so"]
+        mounts[folder] = (MOUNT, "ro")
+        with log.step(f"vLLM's start-up for {len(checks)} check(s) in {image}" + (" (a GB10 faked)" if gb10_stub else "")):
+            try:
+                out = engine.output(image, command, mounts=mounts, timeout_s=timeout_s)
+            except EngineError as exc:
+                raise VerifyError(f"{image}: vLLM's start-up could not be run there: {exc}") from None
+    return read(image, out, checks, faked=FAKED_GB10 if gb10_stub is not None else None)
+
+
+def read(image: str, out: str, checks: Sequence[Check], *, faked: str | None) -> Startup:
+    """The probe's output judged: per check, the gate over the lines vLLM logged."""
+    found: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    by_name = {c.name: c for c in checks}
+    predictions = []
+    for case in found["cases"]:
+        check = by_name[case["name"]]
+        gated = case["stage"] == "done" and check.kernels
+        log_text = "\n".join(case["log"])
+        kernels = kernelpath.gate(
+            check.expected_kernels, log_text, found["vllm"], accept_unverified=check.accept_unverified_kernel_patterns
+        )
+        predictions.append(
+            Prediction(
+                check=check.name,
+                args=tuple(case["args"]),
+                stage=case["stage"],
+                error=case.get("error"),
+                values=case.get("values", {}),
+                layers=tuple(case.get("layers", ())),
+                kernels=tuple(kernels) if gated else (),
+                log=tuple(case["log"]),
+            )
+        )
+    return Startup(image=image, vllm=found["vllm"], platform=found["platform"], faked=faked, predictions=tuple(predictions))
+
+
+def mispredicted(found: Startup, served: Mapping[str, VerifyResult]) -> list[str]:
+    """Where a server chose otherwise than its prediction (``served``: each check's verify result,
+    with the kernels its log shows): the prediction was wrong, and the report says so."""
+    lines = []
+    for prediction in found.predictions:
+        result = served.get(prediction.check)
+        if result is None or prediction.error is not None:
+            continue
+        predicted = {c.kind: sorted(b for b, _ in c.found) for c in prediction.kernels}
+        for chosen in result.kernels:
+            was, got = predicted.get(chosen.kind), sorted(b for b, _ in chosen.found)
+            if was is not None and was != got:
+                lines.append(
+                    f"check {prediction.check}: {chosen.kind}: predicted {'/'.join(was) or 'nothing'}, the server chose "
+                    f"{'/'.join(got) or 'nothing'}: the start-up prediction ({found.faked or found.platform}) was wrong here"
+                )
+    return lines
