@@ -19,7 +19,7 @@ from sparkbuild.config.options import Options
 from sparkbuild.errors import ConfigError
 from sparkbuild.lanes import doctor, pipeline, resolve
 from sparkbuild.lanes.pipeline import Context, TargetRun
-from sparkbuild.plan import matrix, plan
+from sparkbuild.plan import companions, matrix, plan
 from sparkbuild.plan.matrix import GitSource, Target
 from sparkbuild.upstream import gitrepo
 from sparkbuild.upstream.externals import External
@@ -134,8 +134,15 @@ def rc(opts: Options, *, dry_run: bool = False, table_to_stderr: bool = False) -
         fsutil.write_text(opts.out / "rc.json", json.dumps(result.to_json(), indent=2) + "\n")
         return result
     log.info(f"candidate: {candidate.tag} ({candidate.commit}), newer than {candidate.release or 'any release'}")
+    spark = [t for t in targets if t.profile == "spark"]
+    if spark:
+        # The candidate's own FlashInfer and CUTLASS against the ones the rc targets build: a drift is
+        # a plan error now, not a pip check hours into the compile (sparkbuild.plan.companions).
+        named = resolve.companions_at(opts, candidate.repo, candidate.commit, candidate.tag)
+        for t in spark:
+            companions.require(t, named)
     found = None
-    if any(t.profile == "spark" for t in targets) and not dry_run:
+    if spark and not dry_run:
         with log.step(f"External projects of vLLM {candidate.tag}"):
             found = resolve.externals_at(opts, candidate.repo, candidate.commit, {}, m.mirrored)
     plans = [plan.plan_target(for_candidate(t, candidate, found), m.patch_folders, opts) for t in targets]

@@ -24,7 +24,7 @@ from sparkbuild.config.options import Options
 from sparkbuild.errors import ConfigError, PublishError
 from sparkbuild.lanes import upstream_wheel
 from sparkbuild.oci import registry
-from sparkbuild.plan import lock, matrix, plan
+from sparkbuild.plan import companions, lock, matrix, plan
 from sparkbuild.upstream import externals, gitrepo, sources
 from sparkbuild.util import log
 
@@ -181,6 +181,15 @@ def externals_at(
     return tuple(pinned)
 
 
+def companions_at(opts: Options, repo: str, commit: str, version: str) -> companions.Named:
+    """The FlashInfer and CUTLASS vLLM ``commit`` names (its requirements and CMakeLists.txt)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = gitrepo.Mirror(opts.cache, repo).extract(commit, externals.COMPANION_FILES, Path(tmp))
+        return companions.Named(
+            vllm=version, flashinfer=externals.flashinfer_requirement(tree), cutlass=externals.cutlass_revision(tree)
+        )
+
+
 def _pin_externals(
     opts: Options, m: matrix.Matrix, git_pins: list[Pin], previous: lock.Lock
 ) -> tuple[dict[str, list[dict[str, Any]]], list[Pin]]:
@@ -188,11 +197,15 @@ def _pin_externals(
     found: dict[str, list[dict[str, Any]]] = {}
     pins: list[Pin] = []
     remotes: dict[str, gitrepo.RemoteRefs] = {}
+    named: dict[str, companions.Named] = {}
     for t in m.targets:
         if t.profile != "spark" or t.vllm.kind not in ("version", "ref"):
             continue
         git = t.vllm.git()
         commit = vllm[(git.repo, git.ref)]
+        if commit not in named:
+            named[commit] = companions_at(opts, git.repo, commit, git.ref)
+        companions.require(t, named[commit])
         key = lock.externals_key(git.repo, commit)
         if key in found:
             continue

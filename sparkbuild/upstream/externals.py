@@ -221,3 +221,16 @@ def cutlass_revision(tree: Path) -> str | None:
         return None
     match = re.search(r"set\(\s*CUTLASS_REVISION\s+\"([^\"]+)\"", cmake.read_text(encoding="utf-8", errors="replace"))
     return match.group(1) if match else None
+
+
+# The files that name vLLM's FlashInfer and CUTLASS (sparkbuild.plan.companions checks a target against them).
+COMPANION_FILES = ("requirements/cuda.txt", "CMakeLists.txt")
+
+
+def flashinfer_requirement(tree: Path) -> str | None:
+    """The FlashInfer version vLLM's ``requirements/cuda.txt`` pins (``flashinfer-python==X``), if it pins one."""
+    path = tree / "requirements" / "cuda.txt"
+    if not path.is_file():
+        return None
+    match = re.search(r"^flashinfer-python\s*==\s*([^\s;#]+)", path.read_text(encoding="utf-8", errors="replace"), re.MULTILINE)
+    return match.group(1) if match else None

@@ -13,6 +13,7 @@ from sparkbuild.config.options import Options
 from sparkbuild.oci.registry import Registry
 from sparkbuild.plan import lock, plan
 from sparkbuild.upstream import externals, sources
+from tests.support import ROOT
 from tests.support.git import git
 from tests.support.upstream import Upstream, commit, spark_matrix, sparkbuild
 
@@ -51,14 +52,14 @@ def test_resolve_pins_every_ref_and_image_and_the_build_reads_the_lock(
     matrix = spark_matrix(tmp_path / "matrix.yaml", upstream, '{version: "0.33.0"}', image)
     opts = Options.from_env(matrix=matrix, cache=tmp_path / "cache")
     (before,) = plan.make(opts)
-    assert set(before.unresolved) == {"vllm v0.33.0", "triton releases/v0.33", "cutlass v4.2.1", f"base cuda-devel ({image})"}
+    assert set(before.unresolved) == {"vllm v0.33.0", "triton releases/v0.33", "cutlass v4.7.1", f"base cuda-devel ({image})"}
     declared = externals.scan(sources.vllm_sdist("0.33.0", Options.from_env().cache))
 
     result = sparkbuild("resolve", "--matrix", str(matrix), "--json", cache=tmp_path / "cache")
     assert result.returncode == 0, result.stderr
     pins = {p["name"]: p for p in json.loads(result.stdout)["pins"]}
     assert pins["vllm v0.33.0"]["value"] == upstream.shas["v0.33.0"]
-    assert pins["cutlass v4.2.1"]["value"] == upstream.shas["cutlass"]
+    assert pins["cutlass v4.7.1"]["value"] == upstream.shas["cutlass"]
     assert pins["triton releases/v0.33"]["value"] == upstream.shas["v0.33.0"]
     assert pins["base cuda-devel"]["value"] == digest
     assert {p["change"] for p in pins.values()} <= {"new", "pinned by vLLM's CMake file"}
@@ -113,7 +114,7 @@ def test_a_moved_branch_is_reported_and_an_abbreviated_sha_is_expanded_in_the_mi
     git("branch", branch, cwd=cutlass)
     abbrev = upstream.shas["bump"][:9]
     matrix = spark_matrix(tmp_path / "matrix.yaml", upstream, f'{{ref: "{abbrev}"}}', image)
-    matrix.write_text(matrix.read_text().replace("cutlass: {ref: v4.2.1}", f"cutlass: {{ref: {branch}}}"))
+    matrix.write_text(matrix.read_text().replace("cutlass: {ref: v4.7.1}", f"cutlass: {{ref: {branch}}}"))
     first = sparkbuild("resolve", "--matrix", str(matrix), "--json", cache=tmp_path / "cache")
     assert first.returncode == 0, first.stderr
     pins = {p["name"]: p for p in json.loads(first.stdout)["pins"]}
@@ -136,3 +137,48 @@ def test_an_unknown_tag_is_an_error_naming_the_nearest_tags(upstream: Upstream, 
     assert "'v0.33.1' is not a tag or branch" in result.stderr
     assert "Nearest existing tags: v0.33.0, v0.34.0rc1" in result.stderr
     assert not lock.default_path(matrix).exists()
+
+
+def test_a_flashinfer_or_cutlass_other_than_the_one_vllm_names_is_refused_naming_both(upstream: Upstream, tmp_path: Path) -> None:
+    """Issue 44, item 4: vLLM 0.33.0's real tree pins flashinfer-python==0.7.2.post1 and CUTLASS v4.7.1; a
+    target that builds others is refused by resolve, with both sides and the line to write, before any
+    image is asked for or anything compiled."""
+    matrix = spark_matrix(tmp_path / "matrix.yaml", upstream, '{version: "0.33.0"}', "nvidia/cuda:13.0.2-devel")
+    # FlashInfer from a repository on the loopback daemon (GitHub is not reachable here): the stand-in's.
+    for tag in ("v0.7.0.post1", "v4.2.1"):  # the releases this target names, on the stand-in
+        git("tag", "--force", tag, cwd=upstream.repo.parent / "cutlass")
+    fi = f"flashinfer: {{ref: v0.7.0.post1, repo: {upstream.url}/cutlass}}"
+    drifted = matrix.read_text().replace("cutlass: {ref: v4.7.1}", f"cutlass: {{ref: v4.2.1}}\n    {fi}")
+    matrix.write_text(drifted)
+    result = sparkbuild("resolve", "--matrix", str(matrix), cache=tmp_path / "cache")
+    assert result.returncode == 2, result.stderr
+    assert f"{matrix}:" in result.stderr and "resolve-test: not what its vLLM names:" in result.stderr
+    assert (
+        "flashinfer: the target builds v0.7.0.post1, vLLM v0.33.0 requires flashinfer-python==0.7.2.post1 "
+        "(requirements/cuda.txt): set flashinfer: {ref: v0.7.2.post1}"
+    ) in result.stderr
+    assert "cutlass: the target builds v4.2.1, vLLM v0.33.0 asks for v4.7.1 (CMakeLists.txt's CUTLASS_REVISION)" in result.stderr
+    assert not lock.default_path(matrix).exists()
+
+
+def test_the_rc_lane_refuses_a_candidate_whose_flashinfer_its_target_does_not_build(upstream: Upstream, tmp_path: Path) -> None:
+    """The rc lane's Spark target against the candidate's own pins (v0.34.0rc1: the real 0.33.0 tree, so
+    flashinfer-python==0.7.2.post1): the shipped rc target's v0.7.2.post1 passes to the patch check; one
+    building v0.7.0.post1 is a plan error naming both, before any patch is checked."""
+    shipped = (ROOT / "matrix.yaml").read_text()
+    # The shipped rc target, its serving defaults (an alias of another target's) left out.
+    rc_target = ("  - lane: rc" + shipped.split("  - lane: rc", 1)[1]).replace("    serve: *spark-serve\n", "")
+    head = f"patches_dir: {ROOT / 'patches'}\n" + shipped.split("targets:")[0]
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text(head + f"upstreams:\n  vllm: {upstream.url}/vllm\ntargets:\n" + rc_target)
+    lane = ("rc", "--matrix", str(matrix), "--dry-run", "--json")
+    same = sparkbuild(*lane, cache=tmp_path / "cache", out=tmp_path / "out1")
+    assert same.returncode == 0, same.stderr[-3000:]
+    (row,) = json.loads(same.stdout)["targets"]
+    assert row["patches"] == {"nvfp4-moe-b12x-auto": "applies"}
+    matrix.write_text(matrix.read_text().replace("flashinfer: {ref: v0.7.2.post1}", "flashinfer: {ref: v0.7.0.post1}"))
+    drifted = sparkbuild(*lane, cache=tmp_path / "cache", out=tmp_path / "out2")
+    assert drifted.returncode == 2, drifted.stderr[-3000:]
+    assert "vllm-rc-cu130-sm121: not what its vLLM names:" in drifted.stderr
+    assert "flashinfer: the target builds v0.7.0.post1, vLLM v0.34.0rc1 requires flashinfer-python==0.7.2.post1" in drifted.stderr
+    assert drifted.stdout == "" and not (tmp_path / "out2" / "rc.json").exists()

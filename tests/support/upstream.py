@@ -84,7 +84,7 @@ def spark_matrix(path: Path, upstream: Upstream, vllm: str, image: str) -> Path:
           - profile: spark
             id: resolve-test
             vllm: {vllm}
-            cutlass: {{ref: v4.2.1}}
+            cutlass: {{ref: v4.7.1}}
             triton: {{ref: releases/v0.33, repo: {upstream.url}/vllm}}
             cuda: "13.0"
             torch: "2.14.0+cu130"
@@ -127,8 +127,8 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
     (cutlass / "include").mkdir(parents=True)
     (cutlass / "include" / "cutlass.h").write_text("#pragma once\n")
     git("init", "--quiet", "--initial-branch=main", cwd=cutlass)
-    shas["cutlass"] = commit(cutlass, "CUTLASS 4.2.1 stand-in")
-    git("tag", "v4.2.1", cwd=cutlass)
+    shas["cutlass"] = commit(cutlass, "CUTLASS 4.7.1 stand-in")
+    git("tag", "v4.7.1", cwd=cutlass)  # the CUTLASS_REVISION of vLLM 0.32.0 and 0.33.0
     shas |= external_stand_ins(root / "github", ("0.32.0", "0.33.0"), cache)
     with git_daemon(root) as url:
         yield Upstream(url=url, repo=repo, shas=shas)
