@@ -37,7 +37,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 
 # The check models the suite serves, in the order its tests first need them.
-EARLY_MODELS = ("alphabet", "alphabet-reversed", "moe-alphabet", "moe-nvfp4", "moe-fp8", "gptoss-mxfp4")
+EARLY_MODELS = ("alphabet", "alphabet-reversed", "moe-alphabet", "moe-nvfp4", "moe-nvfp4a16", "moe-fp8", "gptoss-mxfp4")
 _early: dict[str, subprocess.Popen[bytes]] = {}
 
 

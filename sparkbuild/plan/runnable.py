@@ -31,6 +31,8 @@ RECIPE_FORMATS = {
     "alphabet-reversed": "dense",
     "moe-alphabet": "moe",
     "moe-nvfp4": "nvfp4",
+    # W4A16: the same format to the CPU table (folder_format reads both as nvfp4).
+    "moe-nvfp4a16": "nvfp4",
     "moe-fp8": "fp8-block",
     "gptoss-mxfp4": "mxfp4",
 }

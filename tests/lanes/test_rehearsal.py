@@ -46,7 +46,7 @@ from sparkbuild.plan import lock, matrix, plan
 from sparkbuild.publish import wheels
 from sparkbuild.upstream import externals, sources
 from sparkbuild.verify import startup
-from tests.support import ROOT, cli, leftovers, population
+from tests.support import ROOT, cli, images, leftovers, population
 from tests.support.cli import in_process as sparkbuild
 from tests.support.procs import pids_where
 
@@ -458,11 +458,12 @@ def test_the_report_holds_vllms_own_start_up_of_every_check_with_a_gb10_faked(
     found = from_wheel["startup"]
     assert found["ok"] and found["vllm"] == "0.33.0" and "GPU FAKED as a GB10" in found["faked"]
     by_check = {c["check"]: c for c in found["checks"]}
-    assert sorted(by_check) == ["alphabet", "moe-fp8", "moe-fp8-eager", "moe-nvfp4", "moe-nvfp4-eager"]
+    assert sorted(by_check) == ["alphabet", "moe-fp8", "moe-fp8-eager", "moe-nvfp4", "moe-nvfp4-eager", "moe-nvfp4a16"]
     assert all(c["stage"] == "done" and c["ok"] for c in by_check.values())
     chosen = {name: {k["kind"]: [b["backend"] for b in k["chosen"]] for k in c["kernels"]} for name, c in by_check.items()}
     assert chosen["moe-nvfp4"] == {"moe": ["FLASHINFER_CUTLASS"], "nvfp4_gemm": ["FLASHINFER_CUTLASS"]}
     assert chosen["moe-fp8-eager"] == {"moe": ["DEEPGEMM"]}
+    assert chosen["moe-nvfp4a16"] == {"moe": ["B12X"]}  # the shipped patch's own check
     assert {(layer["kind"], layer["backend"]) for layer in by_check["moe-nvfp4"]["layers"]} == {
         ("attention", "FLASH_ATTN"),
         ("moe", "FLASHINFER_CUTLASS"),
@@ -471,6 +472,33 @@ def test_the_report_holds_vllms_own_start_up_of_every_check_with_a_gb10_faked(
     assert rehearsed["startup"] is None
     assert set(rehearsed["not_predicted"]) == set(by_check)
     assert "swapped vLLM's kernel compile" in rehearsed["not_predicted"]["alphabet"]
+
+
+def test_the_patchs_own_check_fails_its_predicted_start_up_on_the_release_as_it_is(
+    from_wheel: dict[str, Any], both_ways: Path, engine: Engine, cache: Path, tmp_path: Path
+) -> None:
+    """Issue 44, item 7: the shipped patch (nvfp4-moe-b12x-auto) moves W4A16 NVFP4 MoE layers only, and
+    moe-nvfp4a16 is the check model with such layers. An image derived from the rehearsed one with the
+    release's own oracle file put back (the image as upstream ships it) fails that check's predicted
+    start-up on a GB10 (faked): vLLM gives its MoE layers MARLIN. The patched image passes it (B12X:
+    test_the_report_holds_vllms_own_start_up_of_every_check_with_a_gb10_faked)."""
+    m = plan.load_matrix(Options.from_env(matrix=both_ways))
+    target = rehearsal_target(next(t for t in m.targets if t.id == WHEEL_TARGET), m)
+    release = sources.vllm_sdist("0.33.0", Options.from_env().cache) / PYTHON_FILE
+    installed = f"{from_wheel['checks']['vllm_path']}/{PYTHON_FILE.removeprefix('vllm/')}"
+    tag = "sparkbuild-test/unpatched:vllm-0.33.0"
+    images.derived_image(
+        engine, from_wheel["image"], tag, f"COPY nvfp4.py {installed}", tmp_path / "unpatched", {"nvfp4.py": release.read_text()}
+    )
+    stub = engine.copy_out(plan.base_name(target.base, target.platform), startup.STUB, tmp_path)
+    checks = [m.checks["moe-nvfp4a16"]]
+    models = {c.name: model.ensure(cache, c.model) for c in checks}
+    found = startup.predict(engine, tag, checks, models, gb10_stub=stub)
+    (prediction,) = found.predictions
+    assert [(c.kind, [b for b, _ in c.found]) for c in prediction.kernels] == [("moe", ["MARLIN"])]
+    said = "\n".join(found.problems())
+    assert "check moe-nvfp4a16: the kernel path vLLM will choose fails the gate:" in said
+    assert "moe: expected B12X or FLASHINFER_B12X, vLLM chose MARLIN: " in said
 
 
 def test_gpt_oss_put_back_on_the_0_33_target_fails_its_predicted_start_up_naming_marlin(

@@ -29,6 +29,7 @@ pytest.importorskip("llmcompressor")
 FAULTS = {
     "moe-alphabet": {"experts_zeroed", "experts_x0.5", "experts_x2"},
     "moe-nvfp4": {"nvfp4_expert_global_scales_x2", "nvfp4_expert_global_scales_x0.5", "nvfp4_expert_block_scales_x0.5"},
+    "moe-nvfp4a16": {"nvfp4_expert_global_scales_x2", "nvfp4_expert_global_scales_x0.5", "nvfp4_expert_block_scales_x0.5"},
     "moe-fp8": {"fp8_expert_block_scales_x2", "fp8_expert_block_scales_x0.5"},
     "gptoss-mxfp4": {"mxfp4_expert_scales_x2", "mxfp4_expert_scales_x0.5", "sinks_dropped", "window_on_every_layer"},
 }
@@ -84,6 +85,21 @@ def test_nvfp4_moe_is_compressed_tensors_nvfp4_with_fp4_activations_and_every_ex
     assert tensors["model.layers.0.mlp.gate.weight"][0] == "BF16"  # the router stays unquantized
     assert "error" in meta["transformers_from_pretrained"] or meta["transformers_from_pretrained"]["margins"]
     assert set(meta["tolerance"]["variants"]) == {"activations_quantized", "activations_quantized_bf16"}
+
+
+def test_nvfp4a16_moe_has_fp4_weights_and_no_activation_quantization(cache: Path) -> None:
+    """The W4A16 layers the shipped nvfp4-moe-b12x-auto patch moves to b12x (vLLM's NVFP4 MoE oracle with no
+    activation key): FP4 weights in groups of 16 with their scales, activations left in bf16."""
+    folder, meta, config = proven(cache, "moe-nvfp4a16")
+    q = config["quantization_config"]
+    assert q["quant_method"] == "compressed-tensors" and q["format"] == "nvfp4-pack-quantized"
+    (group,) = q["config_groups"].values()
+    assert group["weights"]["num_bits"] == 4 and group["weights"]["group_size"] == 16 and group["input_activations"] is None
+    tensors = header(folder)
+    prefix = "model.layers.1.mlp.experts.0.down_proj"
+    assert tensors[f"{prefix}.weight_packed"] == ("U8", [256, 64]) and f"{prefix}.weight_global_scale" in tensors
+    assert f"{prefix}.input_global_scale" not in tensors
+    assert meta["tolerance"]["format"] == "nvfp4a16"
 
 
 def test_fp8_moe_is_compressed_tensors_fp8_in_128x128_blocks(cache: Path) -> None:

@@ -6,6 +6,7 @@ folder may enter the cache (sparkbuild/models/moe/reference.py; docs/check-model
 
 - ``moe-alphabet``: the unquantized Qwen3-MoE (bfloat16) that ``moe-nvfp4`` and ``moe-fp8`` quantize;
 - ``moe-nvfp4``: compressed-tensors ``nvfp4-pack-quantized`` (FP4 weights and activations), by llm-compressor;
+- ``moe-nvfp4a16``: the same format with FP4 weights only (W4A16, bf16 activations), by llm-compressor;
 - ``moe-fp8``: compressed-tensors FP8 with 128x128 weight blocks (Qwen3-30B-A3B-FP8's layout), by llm-compressor;
 - ``gptoss-mxfp4``: a GptOssForCausalLM (attention sinks, sliding window) with gpt-oss's own MXFP4 experts.
 

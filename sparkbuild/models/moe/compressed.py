@@ -34,6 +34,12 @@ IGNORE = ["lm_head", "re:.*mlp.gate$"]
 # FP8_BLOCK quantizes activations per token group at run time and needs none.
 CALIBRATED = {"NVFP4"}
 CALIBRATION_SAMPLES = 128
+# How the kernel treats the activations, per scheme (the variants simulate it; W4A16 keeps them in bf16).
+KERNEL_ACTIVATIONS = {
+    "NVFP4": "FP4 activations in groups of 16 (calibrated global scale)",
+    "NVFP4A16": "bf16 activations (FP4 weights only)",
+    "FP8_BLOCK": "FP8 activations per token group of 128",
+}
 EXPERT = ".mlp.experts."
 ATTENTION = ".self_attn."
 
@@ -114,7 +120,7 @@ def scale_faults(folder: Path, scheme: str) -> tuple[dict[str, reference.Perturb
     def reload(transform: Transform) -> reference.Perturbation:
         return lambda _ref: nullcontext(load_reference(folder, transform=transform))
 
-    if scheme == "NVFP4":
+    if scheme.startswith("NVFP4"):
         required = {
             "nvfp4_expert_global_scales_x2": reload(scaled(EXPERT, ".weight_global_scale", 2.0)),
             "nvfp4_expert_global_scales_x0.5": reload(scaled(EXPERT, ".weight_global_scale", 0.5)),
@@ -171,11 +177,7 @@ def make(r: MoeRecipe, out: Path, base: Path) -> None:
         net.save_pretrained(out, save_compressed=True)
         fast.save_pretrained(out)
         required, observed = scale_faults(out, r.scheme)
-        kernel = (
-            "FP4 activations in groups of 16 (calibrated global scale)"
-            if r.scheme == "NVFP4"
-            else "FP8 activations per token group of 128"
-        )
+        kernel = KERNEL_ACTIVATIONS[r.scheme]
         proof = reference.prove(
             r,
             load_reference(out),

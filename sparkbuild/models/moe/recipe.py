@@ -14,7 +14,7 @@ from sparkbuild.models.moe.task import Task
 class MoeRecipe:
     name: str
     arch: Literal["qwen3_moe", "gpt_oss"]
-    # "bf16" (not quantized), an llm-compressor scheme ("NVFP4", "FP8_BLOCK") or "mxfp4" (gpt-oss's own).
+    # "bf16" (not quantized), an llm-compressor scheme ("NVFP4", "NVFP4A16", "FP8_BLOCK") or "mxfp4" (gpt-oss's own).
     scheme: str
     # The recipe whose trained model this one quantizes; None: it trains its own.
     base: str | None = None
@@ -78,6 +78,10 @@ RECIPES: dict[str, MoeRecipe] = {
     "moe-alphabet": _QWEN3,
     "moe-nvfp4": replace(_QWEN3, name="moe-nvfp4", scheme="NVFP4", base="moe-alphabet"),
     "moe-fp8": replace(_QWEN3, name="moe-fp8", scheme="FP8_BLOCK", base="moe-alphabet"),
+    # NVFP4 weights with bf16 activations (W4A16): the MoE layers vLLM 0.33.0 gives Marlin on a GB10 and
+    # the nvfp4-moe-b12x-auto patch gives b12x (vLLM issue #54666); the W4A4 moe-nvfp4 takes FlashInfer's
+    # CUTLASS either way, so only this model's check sees the patch.
+    "moe-nvfp4a16": replace(_QWEN3, name="moe-nvfp4a16", scheme="NVFP4A16", base="moe-alphabet"),
     # gpt-oss learns the task more slowly (its sliding layers see 4 tokens; only the full layer reaches the far
     # letter): at 1000 steps some answers stay within a logit of the runner-up, and which ones depends on the
     # machine's float arithmetic (seeds 1234-1236 on one x86_64: smallest margins -0.38, -0.10, -1.96: not made).
