@@ -172,13 +172,19 @@ def forget_once() -> None:
                 value.cache_clear()
 
 
-def parse(args: list[str]) -> Any:
-    """vLLM's own serve parser's namespace for ``vllm serve ARGS`` (SystemExit with its message)."""
+def serve_parser() -> tuple[Any, Any]:
+    """vLLM's own command-line parser, and its ``serve`` subcommand's parser within it."""
     from vllm.entrypoints.cli.serve import ServeSubcommand
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = FlexibleArgumentParser()
-    ServeSubcommand().subparser_init(parser.add_subparsers())
+    return parser, ServeSubcommand().subparser_init(parser.add_subparsers())
+
+
+def parse(args: list[str]) -> Any:
+    """vLLM's own serve parser's namespace for ``vllm serve ARGS``; ValueError with argparse's message
+    where it refuses them."""
+    parser, _ = serve_parser()
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said):

@@ -319,17 +319,13 @@ def predict_startup(ctx: Context, run: TargetRun) -> bool:
     the built image, a GB10 faked, judged by the kernel-path gate (sparkbuild.verify.startup). A check
     whose prediction fails fails the target here, before verify serves it and before any push. The
     local profile serves on this machine's own platform at once: verify is the prediction's test there."""
-    from sparkbuild.verify import checkmodel, startup
+    from sparkbuild.verify import startup
 
     target = run.plan.target
     if target.profile != "spark" or run.image is None:
         return True
     run.status = Status.PREDICTING
-    models = {c.name: checkmodel.provide(ctx.opts.cache, c) for c in target.checks}
-    with tempfile.TemporaryDirectory() as tmp:
-        stub = ctx.engine.copy_out(plan.base_name(target.base, target.platform), startup.STUB, Path(tmp))
-        run.startup = startup.predict(ctx.engine, run.image, target.checks, models, gb10_stub=stub)
-    log.info(run.startup.text())
+    run.startup = startup.on_gb10(ctx.engine, run.image, target, target.checks, ctx.opts.cache)
     run.startup.require()
     return True
 

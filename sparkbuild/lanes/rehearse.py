@@ -51,7 +51,7 @@ from sparkbuild.plan import lock, plan, vllmfrom
 from sparkbuild.plan.matrix import Base, Matrix, Target
 from sparkbuild.upstream import gitrepo, sources
 from sparkbuild.util import log
-from sparkbuild.verify import checkmodel, startup
+from sparkbuild.verify import startup
 
 REPOSITORY = "sparkbuild/rehearsal"
 
@@ -363,11 +363,7 @@ def _startup(engine: Engine, rehearsed: Target, image: str, opts: Options, resul
             predicted.append(check)
     if not predicted:
         return
-    models = {c.name: checkmodel.provide(opts.cache, c) for c in predicted}
-    with tempfile.TemporaryDirectory() as tmp:
-        stub = engine.copy_out(plan.base_name(rehearsed.base, rehearsed.platform), startup.STUB, Path(tmp))
-        result.startup = startup.predict(engine, image, predicted, models, gb10_stub=stub)
-    log.info(result.startup.text())
+    result.startup = startup.on_gb10(engine, image, rehearsed, predicted, opts.cache)
     result.startup.require()
 
 

@@ -15,9 +15,7 @@ engine config). One process for the whole population: importing vLLM takes secon
 fraction of one.
 """
 
-import contextlib
 import importlib.util
-import io
 import json
 import sys
 import types
@@ -55,28 +53,20 @@ FIELDS = (
 )
 
 
-def parser_and_options() -> tuple[Any, list[str]]:
-    from vllm.entrypoints.cli.serve import ServeSubcommand
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    parser = FlexibleArgumentParser()
-    serve = ServeSubcommand().subparser_init(parser.add_subparsers())
-    return parser, sorted({o for action in serve._actions for o in action.option_strings})
+def options() -> list[str]:
+    """Every option string vLLM's serve parser knows."""
+    _, serve = STARTUP.serve_parser()
+    return sorted({o for action in serve._actions for o in action.option_strings})
 
 
 def configured(args: list[str]) -> dict[str, Any]:
     """What vLLM makes of ``vllm serve ARGS``: its refusal, or its engine config's values."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    parser, _ = parser_and_options()
-    said = io.StringIO()
     try:
-        with contextlib.redirect_stderr(said):
-            parsed = parser.parse_args(["serve", *args])
-    except SystemExit:  # argparse refuses: its message is on stderr
-        return {"args": args, "error": said.getvalue().strip().splitlines()[-1]}
-    if getattr(parsed, "model_tag", None):
-        parsed.model = parsed.model_tag
+        parsed = STARTUP.parse(args)
+    except ValueError as exc:  # argparse refuses: its message
+        return {"args": args, "error": str(exc)}
     try:
         config = AsyncEngineArgs.from_cli_args(parsed).create_engine_config()
     except Exception as exc:  # vLLM's own refusal is the finding, whatever its class
@@ -103,7 +93,7 @@ def main() -> None:
         reference = serve_defaults.merge(serve_defaults.drop_option(defaults, "--compilation-config"), user)
         ways = {"user": user, "entrypoint": entry, "reference": reference}
         out.append({"name": case["name"], **{way: configured(args) for way, args in ways.items()}})
-    print(json.dumps({"platform": platform, "options": parser_and_options()[1], "cases": out}))
+    print(json.dumps({"platform": platform, "options": options(), "cases": out}))
 
 
 if __name__ == "__main__":

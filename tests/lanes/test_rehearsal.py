@@ -490,10 +490,7 @@ def test_the_patchs_own_check_fails_its_predicted_start_up_on_the_release_as_it_
     images.derived_image(
         engine, from_wheel["image"], tag, f"COPY nvfp4.py {installed}", tmp_path / "unpatched", {"nvfp4.py": release.read_text()}
     )
-    stub = engine.copy_out(plan.base_name(target.base, target.platform), startup.STUB, tmp_path)
-    checks = [m.checks["moe-nvfp4a16"]]
-    models = {c.name: model.ensure(cache, c.model) for c in checks}
-    found = startup.predict(engine, tag, checks, models, gb10_stub=stub)
+    found = startup.on_gb10(engine, tag, target, [m.checks["moe-nvfp4a16"]], cache)
     (prediction,) = found.predictions
     assert [(c.kind, [b for b, _ in c.found]) for c in prediction.kernels] == [("moe", ["MARLIN"])]
     said = "\n".join(found.problems())
@@ -502,7 +499,7 @@ def test_the_patchs_own_check_fails_its_predicted_start_up_on_the_release_as_it_
 
 
 def test_gpt_oss_put_back_on_the_0_33_target_fails_its_predicted_start_up_naming_marlin(
-    from_wheel: dict[str, Any], both_ways: Path, engine: Engine, cache: Path, tmp_path: Path
+    from_wheel: dict[str, Any], both_ways: Path, engine: Engine, cache: Path
 ) -> None:
     """What the target's left_out says, proven in the rehearsed image: with the GPU faked as a GB10,
     vLLM 0.33.0 gives gpt-oss's MXFP4 MoE layers MARLIN, so its checks fail the gate before any runner
@@ -510,11 +507,7 @@ def test_gpt_oss_put_back_on_the_0_33_target_fails_its_predicted_start_up_naming
     m = plan.load_matrix(Options.from_env(matrix=both_ways))
     target = rehearsal_target(next(t for t in m.targets if t.id == WHEEL_TARGET), m)
     assert {"gptoss-mxfp4", "gptoss-mxfp4-eager"} <= dict(target.left_out).keys()
-    stub = engine.copy_out(plan.base_name(target.base, target.platform), startup.STUB, tmp_path)
-    checks = [m.checks["gptoss-mxfp4-eager"]]
-    found = startup.predict(
-        engine, from_wheel["image"], checks, {c.name: model.ensure(cache, c.model) for c in checks}, gb10_stub=stub
-    )
+    found = startup.on_gb10(engine, from_wheel["image"], target, [m.checks["gptoss-mxfp4-eager"]], cache)
     with pytest.raises(VerifyError) as failed:
         found.require()
     said = str(failed.value)
