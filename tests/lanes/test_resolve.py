@@ -162,7 +162,7 @@ def test_a_flashinfer_or_cutlass_other_than_the_one_vllm_names_is_refused_naming
 
 
 def test_the_rc_lane_refuses_a_candidate_whose_flashinfer_its_target_does_not_build(upstream: Upstream, tmp_path: Path) -> None:
-    """The rc lane's Spark target against the candidate's own pins (v0.34.0rc1: the real 0.33.0 tree, so
+    """The rc lane's Spark target against the candidate's own pins (v0.34.0rc1 or rc2: the real 0.33.0 tree, so
     flashinfer-python==0.7.2.post1): the shipped rc target's v0.7.2.post1 passes to the patch check; one
     building v0.7.0.post1 is a plan error naming both, before any patch is checked."""
     shipped = (ROOT / "matrix.yaml").read_text()
@@ -174,11 +174,14 @@ def test_the_rc_lane_refuses_a_candidate_whose_flashinfer_its_target_does_not_bu
     lane = ("rc", "--matrix", str(matrix), "--dry-run", "--json")
     same = sparkbuild(*lane, cache=tmp_path / "cache", out=tmp_path / "out1")
     assert same.returncode == 0, same.stderr[-3000:]
-    (row,) = json.loads(same.stdout)["targets"]
+    report = json.loads(same.stdout)
+    (row,) = report["targets"]
     assert row["patches"] == {"nvfp4-moe-b12x-auto": "applies"}
+    # The session's upstream may have tagged v0.34.0rc2 by now (the rc lane's test does): the newest candidate.
+    tag = report["candidate"]["tag"]
     matrix.write_text(matrix.read_text().replace("flashinfer: {ref: v0.7.2.post1}", "flashinfer: {ref: v0.7.0.post1}"))
     drifted = sparkbuild(*lane, cache=tmp_path / "cache", out=tmp_path / "out2")
     assert drifted.returncode == 2, drifted.stderr[-3000:]
     assert "vllm-rc-cu130-sm121: not what its vLLM names:" in drifted.stderr
-    assert "flashinfer: the target builds v0.7.0.post1, vLLM v0.34.0rc1 requires flashinfer-python==0.7.2.post1" in drifted.stderr
+    assert f"flashinfer: the target builds v0.7.0.post1, vLLM {tag} requires flashinfer-python==0.7.2.post1" in drifted.stderr
     assert drifted.stdout == "" and not (tmp_path / "out2" / "rc.json").exists()
