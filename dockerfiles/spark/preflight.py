@@ -3,7 +3,11 @@
 1. vLLM's own CMake configure of the patched source, with the target's TORCH_CUDA_ARCH_LIST, the
    external projects from the source stage (``*_SRC_DIR``) and FetchContent disconnected, so a
    source that would be cloned from GitHub is an error here and not a download;
-2. the translation units that include a file the patch set changed (the patch record says which:
+2. which of the configured units the compile builds: vLLM's ``setup.py`` builds the CMake targets
+   of the extensions it lists (``cmake --build --target ...``), so its own module is run with
+   ``setuptools.setup`` replaced (nothing built) to read that list, and ninja names every command
+   those targets need (``ninja -t commands``); a unit of no such target is ``not_built``;
+3. the translation units that include a file the patch set changed (the patch record says which:
    the files of every patch that ``applies`` or is ``applied``), compiled with exactly the flags
    CMake gave them, through ccache; each result names the changed files its unit reaches.
 
@@ -78,6 +82,54 @@ def configure(source: pathlib.Path, build: pathlib.Path, log: pathlib.Path) -> f
         lines = "\n".join(tail)
         sys.exit(f"preflight: vLLM's CMake configure failed (exit {done.returncode}); last lines:\n{lines}")
     return time.monotonic() - start
+
+
+# Run in a process of its own: setup.py's module with setuptools.setup replaced, so it lists its
+# extensions and builds nothing (what `setup.py bdist_wheel` would pass to `cmake --build --target`).
+SETUP_EXTENSIONS = """
+import json, runpy, setuptools, sys
+found = {}
+setuptools.setup = lambda **kwargs: found.update(kwargs)
+sys.argv = ["setup.py", "--name"]
+runpy.run_path("setup.py", run_name="__main__")
+print("SPARKBUILD-EXTENSIONS " + json.dumps([e.name for e in found.get("ext_modules", [])]))
+"""
+
+
+def setup_targets(source: pathlib.Path) -> list:
+    """The CMake targets vLLM's setup.py builds for this environment, named as its build_ext names them."""
+    done = subprocess.run([sys.executable, "-c", SETUP_EXTENSIONS], cwd=source, capture_output=True, text=True, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("SPARKBUILD-EXTENSIONS ")]
+    if done.returncode != 0 or not lines:
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-30:])
+        sys.exit(f"preflight: could not read the extensions vLLM's setup.py builds (exit {done.returncode}):\n{tail}")
+    names = json.loads(lines[-1].split(" ", 1)[1])
+    return [n.removeprefix("vllm.").removeprefix("vllm_flash_attn.") for n in names]
+
+
+def not_built(commands: list, build: pathlib.Path, targets: list) -> tuple:
+    """The files of the configured units none of ``targets`` needs (ninja's own closure of them), and
+    the targets the configure does not define."""
+    ninja = shutil.which("ninja")
+    if ninja is None:
+        sys.exit("preflight: no ninja on PATH (vLLM's build requirements install it)")
+    listed = subprocess.run([ninja, "-C", str(build), "-t", "targets", "all"], capture_output=True, text=True, check=True)
+    known = {line.split(":", 1)[0] for line in listed.stdout.splitlines()}
+    present = [t for t in targets if t in known]
+    needed = subprocess.run([ninja, "-C", str(build), "-t", "commands", *present], capture_output=True, text=True, check=True)
+    # ninja writes outputs relative to the build folder, compile_commands.json as CMake gave them.
+    outputs = set()
+    for line in needed.stdout.splitlines():
+        words = line.split()
+        outputs.update(os.path.normpath(build / words[i + 1]) for i, word in enumerate(words[:-1]) if word == "-o")
+    files = sorted(
+        {
+            e["file"]
+            for e in commands
+            if e.get("output") and os.path.normpath(pathlib.Path(e.get("directory", build)) / e["output"]) not in outputs
+        }
+    )
+    return files, [t for t in targets if t not in known]
 
 
 def entry_args(entry: dict) -> list:
@@ -213,6 +265,9 @@ def main() -> None:
     seconds = configure(args.source, args.build, args.out / "configure.log")
     commands = json.loads((args.build / "compile_commands.json").read_text())
     (args.out / "compile_commands.json").write_text(json.dumps(commands, indent=1))
+    targets = setup_targets(args.source)
+    skipped, undefined = not_built(commands, args.build, targets)
+    print(f"preflight: setup.py builds {', '.join(targets)}; {len(skipped)} configured unit(s) none of them needs", flush=True)
     changed = changed_files(args.source)
     units = patched_units(commands, args.source.resolve(), changed)
     # As many at once as the compile will run: vLLM's MAX_JOBS // NVCC_THREADS.
@@ -233,6 +288,9 @@ def main() -> None:
         "stubbed": stubbed(args.source),
         "src_dirs": src_dirs(),
         "arch_list": os.environ.get("TORCH_CUDA_ARCH_LIST"),
+        "targets": targets,
+        "undefined_targets": undefined,
+        "not_built": skipped,
     }
     (args.out / "preflight.json").write_text(json.dumps(report, indent=2) + "\n")
     # The image's copy: the same without what this build measured (times, the compilers' peak memory),

@@ -10,7 +10,10 @@ changed. Here, on the host, sparkbuild reads what it exported:
   are listed apart (the driver JIT-compiles them on first load). A library none of whose units
   gets any code target is one the project builds for other GPUs only (flash-attention's FA3 for
   9.0a: its arch list intersects to nothing for 12.1a): listed apart as compiled for nothing, not
-  a failure; a unit without code in a library whose other units have code still fails;
+  a failure (the ``fa3-hopper-only`` patch keeps FA3 out of a build without 9.x); a unit without
+  code in a library whose other units have code still fails. A unit that no extension vLLM's
+  ``setup.py`` builds needs (``not_built``, by ninja's closure of its targets) is listed as
+  configured and not built, and judged no further: the compile never runs it;
 - the patched units: each must compile, and its object must carry code for the GPU (cuobjdump),
   kernel by kernel (check-binary's rule: no kernel with code for the GPU's family that cannot run).
 
@@ -35,7 +38,9 @@ from sparkbuild.util import log
 _GENCODE = re.compile(r"arch=compute_(\w+?),code=\[?([\w,]+)\]?")
 _ARCH = re.compile(r"^(\d+?)(\d)([af]?)$")
 _LIBRARY = re.compile(r"CMakeFiles/([^/]+)\.dir/")
-Verdict = Literal["sass", "ptx-only", "none", "other-gpu"]
+Verdict = Literal["sass", "ptx-only", "none", "other-gpu", "not-built"]
+# flash-attention's FA3 library: sm_90a kernels only (the fa3-hopper-only patch keeps it out of other builds).
+FA3_LIBRARY = "_vllm_fa3_C"
 # What nvcc compiles: a patch that changes one of these must have a unit compiled that holds it.
 CUDA_SOURCES = (".cu", ".cuh")
 
@@ -77,8 +82,9 @@ def judge(codes: tuple[Code, ...], device: Arch) -> Verdict:
     return "none"
 
 
-def audit(commands: list[dict[str, Any]], device: Arch, source: str) -> tuple[Unit, ...]:
-    """Every CUDA unit of a ``compile_commands.json`` with its codes and verdict, by file name."""
+def audit(commands: list[dict[str, Any]], device: Arch, source: str, not_built: frozenset[str] = frozenset()) -> tuple[Unit, ...]:
+    """Every CUDA unit of a ``compile_commands.json`` with its codes and verdict, by file name; a unit
+    in ``not_built`` (no target vLLM's setup.py builds needs it) is listed as such and judged no further."""
     units = []
     for entry in commands:
         if not entry["file"].endswith(".cu"):
@@ -91,7 +97,7 @@ def audit(commands: list[dict[str, Any]], device: Arch, source: str) -> tuple[Un
                 file=entry["file"].removeprefix(source.rstrip("/") + "/"),
                 library=library[1] if library else "?",
                 codes=codes,
-                verdict=judge(codes, device),
+                verdict="not-built" if entry["file"] in not_built else judge(codes, device),
             )
         )
     return tuple(sorted(_other_gpu(units), key=lambda u: u.file))
@@ -101,7 +107,10 @@ def _other_gpu(units: list[Unit]) -> list[Unit]:
     """Units of a library that gets no code target at all: built for other GPUs only (their arch
     list intersects to nothing with this one), so compiled for nothing here, not a defect."""
     coded = {u.library for u in units if u.codes}
-    return [replace(u, verdict="other-gpu") if u.library not in coded and u.library != "?" else u for u in units]
+    return [
+        replace(u, verdict="other-gpu") if u.library not in coded and u.library != "?" and u.verdict != "not-built" else u
+        for u in units
+    ]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,7 +169,7 @@ class Report:
         return bool(self.units) and not self.failing_units and not self.failing_compiles and not self.uncompiled_changes
 
     def counts(self) -> dict[Verdict, int]:
-        verdicts: tuple[Verdict, ...] = ("sass", "ptx-only", "none", "other-gpu")
+        verdicts: tuple[Verdict, ...] = ("sass", "ptx-only", "none", "other-gpu", "not-built")
         return {v: sum(u.verdict == v for u in self.units) for v in verdicts}
 
     def cell(self) -> str:
@@ -169,6 +178,8 @@ class Report:
         text = f"{len(self.units)} units: {c['sass']} sass, {c['ptx-only']} ptx-only, {c['none']} none"
         if c["other-gpu"]:
             text += f", {c['other-gpu']} for other GPUs"
+        if c["not-built"]:
+            text += f", {c['not-built']} not built"
         text += f"; {len(self.compiled) - len(self.failing_compiles)}/{len(self.compiled)} patched ok"
         if self.uncompiled_changes:
             text += f"; {len(self.uncompiled_changes)} patched CUDA file(s) compiled by no unit"
@@ -196,8 +207,14 @@ class Report:
         for library, n in sorted(others.items()):
             lines.append(
                 f"  {library}: {n} unit(s) built for other GPUs only (no code target for this arch list): "
-                "compiled for nothing here"
+                "compiled for nothing here" + (" (fa3-hopper-only leaves FA3 out)" if library == FA3_LIBRARY else "")
             )
+        skipped: dict[str, int] = {}
+        for u in self.units:
+            if u.verdict == "not-built":
+                skipped[u.library] = skipped.get(u.library, 0) + 1
+        for library, n in sorted(skipped.items()):
+            lines.append(f"  {library}: {n} unit(s) configured, not built (no extension vLLM's setup.py builds needs them)")
         for c in self.compiled:
             state = "ok" if c.ok and c.runs is not False else "FAILED"
             lines.append(f"  patched unit {state}: {c.file} ({c.seconds:.0f}s) [{', '.join(x.label() for x in c.codes)}]")
@@ -288,7 +305,7 @@ def read(folder: Path, target: str, gpu: str) -> Report:
     return Report(
         target=target,
         device=device,
-        units=audit(commands, device, data["source"]),
+        units=audit(commands, device, data["source"], frozenset(data.get("not_built", ()))),
         compiled=tuple(compiled),
         stubbed=tuple(data.get("stubbed", ())),
         changed_files=tuple(data.get("changed_files", ())),

@@ -69,14 +69,16 @@ def rehearse(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def both_ways(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The shipped matrix with its 0.33.0 target twice: compiled from source (``vllm_from: source``),
-    and as it ships (``auto`` chooses upstream's wheel: its patch set changes Python files only)."""
+    """The shipped matrix with its 0.33.0 target twice: compiled from source (``vllm_from: source``,
+    with fa3-hopper-only, as a target that compiles lists it), and as it ships (``auto`` chooses
+    upstream's wheel: its patch set changes Python files only)."""
     folder = tmp_path_factory.mktemp("both-ways")
     shutil.copytree(ROOT / "patches", folder / "patches")
     data = yaml.safe_load((ROOT / "matrix.yaml").read_text())
     index = next(i for i, t in enumerate(data["targets"]) if t.get("id") == TARGET)
     shipped_target = data["targets"][index]
-    data["targets"][index] = {**shipped_target, "vllm_from": "source"}
+    compiled = [*shipped_target["patches"], "fa3-hopper-only"]
+    data["targets"][index] = {**shipped_target, "vllm_from": "source", "patches": compiled}
     data["targets"].insert(index + 1, {**shipped_target, "id": WHEEL_TARGET})
     (folder / "matrix.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     return folder / "matrix.yaml"
@@ -141,17 +143,19 @@ def test_the_audit_lists_every_unit_with_its_code_and_passes(rehearsed: dict[str
     # Family cubins for the FP4 kernels, plain sm_120 for the rest; Marlin only as PTX, JIT-compiled.
     assert units["csrc/quantization/fp4/nvfp4_quant_kernels.cu"]["codes"] == ["sm_120f"]
     assert units["csrc/quantization/marlin/marlin.cu"]["verdict"] == "ptx-only"
-    # flash-attention's stand-in: an FA2-like unit as PTX, an FA3-like one built for 9.0a only.
+    # flash-attention's stand-in: an FA2-like unit as PTX, an FA3-like one built for 9.0a only, which
+    # vLLM's own setup.py, patched by fa3-hopper-only, no longer builds for 12.1a (issue 44, item 2;
+    # without the patch it is compiled for nothing: test_without_fa3_hopper_only_...).
     fa = "/src/externals/vllm-flash-attn/"
     assert units[f"{fa}csrc/flash_attn/src/flash_fwd_stub.cu"]["verdict"] == "ptx-only"
     assert units[f"{fa}hopper/instantiations/flash_fwd_stub_sm90.cu"] == {
         "file": f"{fa}hopper/instantiations/flash_fwd_stub_sm90.cu",
         "library": "_vllm_fa3_C",
         "codes": [],
-        "verdict": "other-gpu",
+        "verdict": "not-built",
     }
-    assert audit["counts"]["other-gpu"] == 1
-    assert all(u["verdict"] in ("sass", "ptx-only", "other-gpu") for u in units.values())
+    assert audit["counts"]["other-gpu"] == 0
+    assert all(u["verdict"] in ("sass", "ptx-only", "not-built") for u in units.values())
     # The stand-ins are named, each with the variable that handed it over, and nothing was cloned.
     tree = sources.vllm_sdist("0.33.0", Options.from_env().cache)
     handed = {e.env if e.handoff == "env" else f"FETCHCONTENT_SOURCE_DIR_{e.name.upper()}" for e in externals.scan(tree)}
@@ -165,10 +169,11 @@ def test_the_audit_lists_every_unit_with_its_code_and_passes(rehearsed: dict[str
 
 def test_the_shipped_target_patches_python_only_and_compiles_no_patched_unit(rehearsed: dict[str, Any]) -> None:
     """0.33.0 with CUDA 13.0 and 12.1a needs one patch, nvfp4-moe-b12x-auto, which changes one Python
-    file (docs/patches-needed.md): no CUDA source changed, nothing extra compiled, and the audit above
-    still holds every unit to code for sm_121."""
+    file (docs/patches-needed.md), and compiled from source fa3-hopper-only, which changes setup.py:
+    no CUDA source changed, nothing extra compiled, and the audit above still holds every unit to
+    code for sm_121."""
     audit = rehearsed["preflight"]
-    assert audit["changed_files"] == ["vllm/model_executor/layers/fused_moe/oracle/nvfp4.py"]
+    assert audit["changed_files"] == ["setup.py", "vllm/model_executor/layers/fused_moe/oracle/nvfp4.py"]
     assert audit["compiled"] == [] and audit["uncompiled_changes"] == []
 
 
@@ -498,6 +503,37 @@ def test_the_patchs_own_check_fails_its_predicted_start_up_on_the_release_as_it_
     assert "moe: expected B12X or FLASHINFER_B12X, vLLM chose MARLIN: " in said
 
 
+def test_vllm_starts_on_a_gb10_without_fa3_as_a_compile_with_fa3_hopper_only_leaves_it(
+    from_wheel: dict[str, Any], both_ways: Path, engine: Engine, cache: Path, tmp_path: Path
+) -> None:
+    """Issue 44, item 2: an image without flash-attention's FA3 library (what fa3-hopper-only makes a
+    12.1a compile leave out) still starts. Derived from the rehearsed image (upstream's wheel, which
+    ships _vllm_fa3_C) with that one file removed: vLLM's FA interface imports and says FA3 is
+    unavailable, FA2 loads, and the predicted start-up of a check served with FLASH_ATTN on a GB10
+    (faked) is the same as the image's with FA3."""
+    m = plan.load_matrix(Options.from_env(matrix=both_ways))
+    target = rehearsal_target(next(t for t in m.targets if t.id == WHEEL_TARGET), m)
+    fa3 = f"{from_wheel['checks']['vllm_path']}/vllm_flash_attn/_vllm_fa3_C.abi3.so"
+    tag = "sparkbuild-test/without-fa3:vllm-0.33.0"
+    images.derived_image(engine, from_wheel["image"], tag, f"RUN test -f {fa3} && rm {fa3}", tmp_path / "without-fa3")
+    # The build base's stub driver loaded first, as the start-up probe loads it: FA2 links libcuda.
+    stub = engine.copy_out(plan.base_name(target.base, target.platform), startup.STUB, tmp_path)
+    probe = (
+        "import ctypes; ctypes.CDLL('/stub/libcuda.so', mode=ctypes.RTLD_GLOBAL); "
+        "import importlib.util as u, vllm.vllm_flash_attn as fa, vllm.vllm_flash_attn.flash_attn_interface as f; "
+        "print(u.find_spec('vllm.vllm_flash_attn._vllm_fa3_C') is None, f.FA2_AVAILABLE, f.FA3_UNAVAILABLE_REASON)"
+    )
+    said = engine.output(tag, ["python3", "-c", probe], mounts={stub.parent: ("/stub", "ro")}).strip().splitlines()[-1]
+    assert said.startswith("True True ") and "_vllm_fa3_C" in said, said
+    check = [m.checks["moe-nvfp4"]]
+    without = startup.on_gb10(engine, tag, target, check, cache)
+    with_fa3 = startup.on_gb10(engine, from_wheel["image"], target, check, cache)
+    without.require()
+    # Every layer's backend, attention's among them (the check's gate names its MoE kinds only).
+    chosen = [sorted({(x["kind"], x["backend"]) for x in p.layers}) for p in (without.predictions[0], with_fa3.predictions[0])]
+    assert chosen[0] == chosen[1] and ("attention", "FLASH_ATTN") in chosen[0], chosen
+
+
 def test_gpt_oss_put_back_on_the_0_33_target_fails_its_predicted_start_up_naming_marlin(
     from_wheel: dict[str, Any], both_ways: Path, engine: Engine, cache: Path
 ) -> None:
@@ -742,6 +778,23 @@ def test_a_patched_unit_that_does_not_compile_for_its_code_fails_naming_it(faile
         assert unit["ok"] and unit["runs_on_device"], unit
         assert unit["codes"] == ["sm_120f"]  # the family cubin, read from the ELF header as the audit does
         assert unit["reaches"] == ["csrc/quantization/fp4/nvfp4_utils.cuh"]
+
+
+def test_without_fa3_hopper_only_setup_py_compiles_fa3_for_no_gpu_of_the_list(
+    failed: dict[str, dict[str, Any]], rehearsed: dict[str, Any]
+) -> None:
+    """Issue 44, item 2, before the fix: the same 0.33.0 source and 12.1a list without the patch. vLLM's
+    setup.py lists _vllm_fa3_C, so ninja's closure of its targets compiles flash-attention's FA3 unit,
+    which gets no code for any GPU of the list; with the patch (the shipped target compiled from source)
+    setup.py leaves the extension out and the unit is configured but never built."""
+    found = json.loads((rehearsed["out"] / TARGET / "preflight" / "preflight.json").read_text())
+    assert "_vllm_fa2_C" in found["targets"] and "_vllm_fa3_C" not in found["targets"]
+    audit = failed["vllm-0.33.0-cu130-uncompiled"]["preflight"]
+    assert audit is not None
+    fa3 = "/src/externals/vllm-flash-attn/hopper/instantiations/flash_fwd_stub_sm90.cu"
+    units = {u["file"]: u for u in audit["units"]}
+    assert units[fa3]["verdict"] == "other-gpu" and units[fa3]["codes"] == []
+    assert audit["counts"]["other-gpu"] == 1
 
 
 def test_a_patch_set_whose_cuda_change_no_unit_compiles_fails_naming_the_file(failed: dict[str, dict[str, Any]]) -> None:
