@@ -73,6 +73,7 @@ set_target_properties(_vllm_fa2_C _vllm_fa3_C PROPERTIES CUDA_ARCHITECTURES OFF)
 target_include_directories(_vllm_fa2_C PRIVATE csrc/cutlass/include)
 target_include_directories(_vllm_fa3_C PRIVATE csrc/cutlass/include)
 """
+FA_ROCM_SUBMODULES = ("csrc/composable_kernel", "third_party/aiter")
 FA_UNIT = "#include <cute/tensor.hpp>\n__global__ void sparkbuild_stand_in() {}\n"
 FA_UNITS = ("csrc/flash_attn/src/flash_fwd_stub.cu", "hopper/instantiations/flash_fwd_stub_sm90.cu")
 
@@ -199,6 +200,12 @@ def _external_stub(tree: Path, external: externals.External, root: Path, cutlass
     files = {"CMakeLists.txt": f"cmake_minimum_required(VERSION 3.19)\nproject({project}_stub LANGUAGES NONE)\n"}
     if external.name == FA_NAME:
         gitlinks["csrc/cutlass"] = (f"{URL}/{cutlass.name}", cutlass.commit)
+        # ROCm's submodules, as flash-attention's .gitmodules lists them: no CUDA build reads them.
+        for sub in FA_ROCM_SUBMODULES:
+            local = _stub_repo(
+                root, f"{external.name}-{sub.replace('/', '-')}", f"stand-in for {external.name}'s ROCm submodule {sub}", []
+            )
+            gitlinks[sub] = (f"{URL}/{local.name}", local.commit)
         files = {"CMakeLists.txt": FA_CMAKE, **dict.fromkeys(FA_UNITS, FA_UNIT)}
     outside = [r for r in named if not any(r == g or r.startswith(g + "/") for g in gitlinks)]
     if external.subdir:

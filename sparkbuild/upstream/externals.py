@@ -24,6 +24,18 @@ from typing import Literal
 # tests/upstream/test_externals_submodules.py runs both against CMake).
 Submodules = Literal["all"] | tuple[str, ...]
 
+# Where CMake's default ("all", recursively) fetches more than a CUDA build of vLLM reads: the submodules
+# the build uses, per project, with the evidence. The source stage fetches these alone; a path the
+# project no longer has fails its `git submodule update` naming it, and one the build needs but is not
+# listed fails the configure or the compile naming the missing file.
+BUILD_USES: dict[str, tuple[tuple[str, ...], str]] = {
+    "vllm-flash-attn": (
+        ("csrc/cutlass",),
+        "flash-attention's CMakeLists.txt includes csrc/cutlass/include and no other submodule (its own setup.py "
+        "initializes csrc/cutlass alone); csrc/composable_kernel and third_party/aiter are ROCm's",
+    ),
+}
+
 FOLDER = "cmake/external_projects"
 _ENV_RE = re.compile(r"DEFINED\s+ENV\{(\w+)\}")
 _DECLARE_RE = re.compile(r"FetchContent_(Declare|Populate)\s*\(\s*([\w-]+)(.*?)\)", re.DOTALL)
@@ -72,11 +84,20 @@ class External:
             "handoff": self.handoff,
         }
 
+    @property
+    def fetched(self) -> Submodules:
+        """The submodules the source stage fetches: CMake's, except where CMake would take every one
+        and the build uses fewer (``BUILD_USES``)."""
+        if self.submodules == "all" and self.name in BUILD_USES:
+            return BUILD_USES[self.name][0]
+        return self.submodules
+
     def fetch_args(self) -> tuple[str, ...]:
-        """The source stage's ``git-at-commit`` options that fetch the submodules CMake would."""
-        if self.submodules == ():
+        """The source stage's ``git-at-commit`` options that fetch the submodules the build uses."""
+        fetched = self.fetched
+        if fetched == ():
             return ()
-        paths = () if self.submodules == "all" else self.submodules
+        paths = () if fetched == "all" else fetched
         return ("--submodules", *(() if self.recursive else ("--no-recursive",)), *paths)
 
     @classmethod

@@ -193,6 +193,15 @@ def test_the_runtime_image_checks_pass(rehearsed: dict[str, Any]) -> None:
     assert checks["fastsafetensors"]["libnuma.so.1"] == "loads"
 
 
+def test_only_the_submodule_the_build_uses_is_fetched(rehearsed: dict[str, Any], engine: Engine, tmp_path: Path) -> None:
+    """Issue 44, item 3: flash-attention's stand-in has ROCm's two submodules beside csrc/cutlass, as
+    upstream's .gitmodules has them; the source stage fetched csrc/cutlass alone (the image's record of
+    every source and submodule it was built from says so)."""
+    record = engine.copy_out(rehearsed["image"], "/opt/sparkbuild/sources.txt", tmp_path).read_text()
+    assert re.search(r"^  csrc/cutlass [0-9a-f]{40}$", record, re.M), record
+    assert "composable_kernel" not in record and "aiter" not in record, record
+
+
 def test_the_images_preflight_record_holds_no_figure_only_this_build_measured(
     rehearsed: dict[str, Any], engine: Engine, tmp_path: Path
 ) -> None:

@@ -91,7 +91,8 @@ def test_resolve_pins_every_ref_and_image_and_the_build_reads_the_lock(
     assert [e.name for e in after.target.externals if e.handoff == "fetchcontent"] == ["vllm-flash-attn"]
     assert 'CMAKE_ARGS="-DFETCHCONTENT_FULLY_DISCONNECTED=ON ' in vllm_stage
     fa = next(e for e in after.target.externals if e.name == "vllm-flash-attn")
-    assert "/src/externals/vllm-flash-attn --submodules\n" in vllm_stage and fa.submodules == "all"
+    # CMake would take every submodule; the build reads csrc/cutlass alone (externals.BUILD_USES).
+    assert "/src/externals/vllm-flash-attn --submodules csrc/cutlass\n" in vllm_stage and fa.submodules == "all"
     assert after.target.vllm.commit == upstream.shas["v0.33.0"]
     assert after.base_ref == f"{image}@{digest}"
     assert after.content_tag != before.content_tag

@@ -117,9 +117,11 @@ def source_stage_checkout(external: externals.External, work: Path) -> tuple[set
     return files(work / "src"), record.read_text()
 
 
-def test_vllms_flash_attention_file_gets_every_submodule_recursively(
+def test_vllms_flash_attention_file_gets_every_submodule_and_the_source_stage_the_one_the_build_uses(
     pristine: TreeFactory, flash_attention: tuple[Path, str], tmp_path: Path
 ) -> None:
+    """CMake would clone ROCm's composable_kernel beside csrc/cutlass (issue 44, item 3); the source
+    stage fetches csrc/cutlass alone (``externals.BUILD_USES``), recursively as CMake would."""
     url, commit = f"file://{flash_attention[0]}", flash_attention[1]
     text = (pristine("0.33.0") / FA_FILE).read_text()
     assert "GIT_SUBMODULES" not in text  # vLLM's file names none: CMake takes every one
@@ -132,9 +134,12 @@ def test_vllms_flash_attention_file_gets_every_submodule_recursively(
     assert external.submodules == "all" and external.recursive
     by_cmake = cmake_checkout(tree / FA_FILE, "vllm-flash-attn", tmp_path / "cmake")
     assert {"csrc/cutlass/include/cute/tensor.hpp", "csrc/cutlass/tools/deep/deep.h"} <= by_cmake
+    assert "csrc/composable_kernel/include/ck.hpp" in by_cmake
+    assert external.fetch_args() == ("--submodules", "csrc/cutlass")
     fetched, record = source_stage_checkout(external, tmp_path / "stage")
-    assert fetched == by_cmake
+    assert fetched == {f for f in by_cmake if not f.startswith("csrc/composable_kernel/")}
     assert "  csrc/cutlass " in record and "  csrc/cutlass/tools/deep " in record  # each submodule's commit recorded
+    assert "composable_kernel" not in record
 
 
 POPULATE = """\
