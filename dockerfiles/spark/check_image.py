@@ -16,7 +16,10 @@ and what serving needs. Every check runs the real thing (no GPU needed):
 - torchvision, torchaudio and torchcodec import, matching torch;
 - ray imports and the RDMA user-space libraries NCCL opens for two Sparks load;
 - Triton is pointed at the ptxas pick_ptxas.py chose for the GPU (it assembled a kernel for it);
-- fastsafetensors (vLLM's --load-format fastsafetensors) imports and the libnuma it opens loads.
+- fastsafetensors (vLLM's --load-format fastsafetensors) imports and the libnuma it opens loads;
+- every plugin vLLM loads at start-up (``vllm.general_plugins``) loads: vLLM logs a failing one and
+  serves without it (b12x's, with FlashInfer's b12x shim installed over b12x);
+- a file two distributions install holds its owner's bytes (``shared_files.py``).
 """
 
 import argparse
@@ -268,6 +271,27 @@ def fastsafetensors():
     return {"version": version, "libnuma.so.1": "loads"}
 
 
+def vllm_plugins():
+    """Each vllm.general_plugins entry point loads, as vLLM's load_plugins_by_group loads it."""
+    loaded, failed = {}, []
+    for entry in importlib.metadata.entry_points(group="vllm.general_plugins"):
+        try:
+            entry.load()
+            loaded[entry.name] = f"{entry.value} ({entry.dist.name if entry.dist else '?'})"
+        except Exception as exc:
+            failed.append(f"{entry.name} = {entry.value}: {type(exc).__name__}: {exc}")
+    if failed:
+        raise RuntimeError("vLLM would serve without " + "; ".join(failed))
+    return loaded
+
+
+def shared_files():
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    import shared_files as owners  # beside this script: the owner rule has one home
+
+    return owners.check()
+
+
 for name, func in (
     ("torch", torch_build),
     ("vllm", vllm_source),
@@ -279,6 +303,8 @@ for name, func in (
     ("multi_node", multi_node),
     ("triton_ptxas", triton_ptxas),
     ("fastsafetensors", fastsafetensors),
+    ("vllm_plugins", vllm_plugins),
+    ("shared_files", shared_files),
 ):
     check(name, func)
 if problems:

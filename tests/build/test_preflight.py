@@ -70,7 +70,7 @@ def test_the_report_fails_naming_every_unit_with_no_code_for_the_gpu() -> None:
         configure_seconds=20.0,
         compile_seconds=0.0,
     )
-    assert report.counts() == {"sass": 1, "ptx-only": 1, "none": 2, "other-gpu": 0}
+    assert report.counts() == {"sass": 1, "ptx-only": 1, "none": 2, "other-gpu": 0, "not-built": 0}
     assert not report.ok
     with pytest.raises(BuildError, match=r"2 unit\(s\) cannot serve sm_121: csrc/a.cu \(sm_120a\); csrc/b.cu"):
         report.require()
@@ -141,3 +141,26 @@ def test_a_library_built_only_for_other_gpus_is_listed_apart_and_a_lost_unit_sti
     assert [u.file for u in report.failing_units] == ["csrc/lost.cu"]
     assert "_vllm_fa3_C: 3 unit(s) built for other GPUs only" in report.text()
     assert report.counts()["other-gpu"] == 3
+
+
+def test_a_unit_no_target_of_setup_py_needs_is_not_built_and_not_judged() -> None:
+    """FA3's units where setup.py leaves its extension out (fa3-hopper-only): configured, never compiled,
+    so neither "compiled for nothing" nor a failure, even a unit that would have no code."""
+    fa3 = [entry(f"hopper/instantiations/k{i}_sm90.cu", "-O3", "_vllm_fa3_C") for i in range(2)]
+    commands = [entry("csrc/ok.cu", "-gencode arch=compute_120f,code=sm_120f"), entry("csrc/stray.cu", "-O3"), *fa3]
+    skipped = frozenset({"/src/vllm/csrc/stray.cu", *(e["file"] for e in fa3)})
+    units = preflight.audit(commands, SPARK, "/src/vllm", skipped)
+    report = preflight.Report(
+        target="t",
+        device=SPARK,
+        units=units,
+        compiled=(),
+        stubbed=(),
+        changed_files=(),
+        configure_seconds=0.0,
+        compile_seconds=0.0,
+    )
+    assert report.counts() == {"sass": 1, "ptx-only": 0, "none": 0, "other-gpu": 0, "not-built": 3}
+    assert report.ok and report.cell().startswith("4 units: 1 sass, 0 ptx-only, 0 none, 3 not built;")
+    text = report.text()
+    assert "_vllm_fa3_C: 2 unit(s) configured, not built (no extension vLLM's setup.py builds needs them)" in text

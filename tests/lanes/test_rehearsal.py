@@ -36,7 +36,7 @@ from packaging.utils import parse_wheel_filename
 
 from sparkbuild.build import build
 from sparkbuild.config.options import Options
-from sparkbuild.errors import SourceError, VerifyError
+from sparkbuild.errors import EngineError, SourceError, VerifyError
 from sparkbuild.lanes.rehearse import rehearsal_target
 from sparkbuild.models import model
 from sparkbuild.oci import push
@@ -191,6 +191,9 @@ def test_the_runtime_image_checks_pass(rehearsed: dict[str, Any]) -> None:
     # Triton 3.8 compiles for sm_121 with its own ptxas-blackwell (CUDA 13.3), newer than CUDA 13.0's.
     assert checks["triton_ptxas"] == {"arch": "sm_121a", "name": "triton ptxas-blackwell", "release": "13.3"}
     assert checks["fastsafetensors"]["libnuma.so.1"] == "loads"
+    # b12x's own vLLM plugins load, and b12x/__init__.py, which FlashInfer's wheel ships too, is b12x's.
+    assert {"b12x_fp6", "b12x_loader"} <= set(checks["vllm_plugins"])
+    assert "b12x/__init__.py" in checks["shared_files"]["shared"]
 
 
 def test_only_the_submodule_the_build_uses_is_fetched(rehearsed: dict[str, Any], engine: Engine, tmp_path: Path) -> None:
@@ -228,7 +231,7 @@ def test_the_runtime_keeps_the_vllm_wheel_in_a_layer_of_its_own(rehearsed: dict[
     ).stdout
     sizes = {step: size for size, step in (line.split("\t", 1) for line in history.splitlines())}
     vllm = next(size for step, size in sizes.items() if "--no-deps --report /opt/sparkbuild/pip-report-vllm.json" in step)
-    deps = next(size for step, size in sizes.items() if "pip-report-dependencies.json" in step)
+    deps = next(size for step, size in sizes.items() if "--report /opt/sparkbuild/pip-report-dependencies.json" in step)
     assert vllm.endswith("MB") and float(vllm[:-2]) < 200, vllm  # the Python-only rehearsal wheel, unpacked
     assert deps.endswith("GB") and float(deps[:-2]) > 5, deps  # torch, CUDA's wheels, every dependency
 
@@ -541,6 +544,54 @@ def test_vllm_starts_on_a_gb10_without_fa3_as_a_compile_with_fa3_hopper_only_lea
     # Every layer's backend, attention's among them (the check's gate names its MoE kinds only).
     chosen = [sorted({(x["kind"], x["backend"]) for x in p.layers}) for p in (without.predictions[0], with_fa3.predictions[0])]
     assert chosen[0] == chosen[1] and ("attention", "FLASH_ATTN") in chosen[0], chosen
+
+
+def test_gpt_oss_harmony_encoding_loads_with_no_network(from_wheel: dict[str, Any], engine: Engine) -> None:
+    """Issue 44, item 6, refuted for 0.33.0 (and its rc): vLLM 0.33.0 requires oss-harmony (>= 0.0.11,
+    "includes embedded vocabularies", requirements/common.txt), not openai-harmony, which fetched
+    o200k_base.tiktoken at start-up (vLLM #22525). In the rehearsed image with no network at all,
+    harmony's gpt-oss encoding loads and encodes."""
+    probe = (
+        "import importlib.metadata as m; from openai_harmony import load_harmony_encoding as load, HarmonyEncodingName as N; "
+        "print(m.version('oss-harmony'), load(N.HARMONY_GPT_OSS).encode('hello world'))"
+    )
+    said = engine.output(from_wheel["image"], ["python3", "-c", probe], network="none").strip().splitlines()[-1]
+    version, tokens = said.split(" ", 1)
+    assert tuple(int(p) for p in version.split(".")[:3]) >= (0, 0, 11) and len(json.loads(tokens)) == 2, said
+
+
+# vLLM's own plugin loading, as every vLLM process runs it at start-up.
+LOAD_PLUGINS = (
+    "import json; from vllm.plugins import load_plugins_by_group; "
+    "print(json.dumps(sorted(load_plugins_by_group('vllm.general_plugins'))))"
+)
+
+
+def test_flashinfers_b12x_shim_over_b12x_fails_the_image_naming_the_file_and_both_owners(
+    from_wheel: dict[str, Any], engine: Engine, tmp_path: Path
+) -> None:
+    """The fault the runtime stage now mends, built for real: flashinfer-python 0.7.2.post1's wheel ships
+    b12x/__init__.py (a shim that makes `import b12x` FlashInfer's embedded copy), and pip, installing
+    FlashInfer after b12x 1.5.1, put it over b12x's own. An image derived from the rehearsed one with
+    that file of the FlashInfer stage's own wheel put back: vLLM's own plugin loading drops b12x's
+    plugins, and the image's shared-files check fails naming the file, its owner and FlashInfer. The
+    rehearsed image (restored after FlashInfer's layer) loads them (test_the_runtime_image_checks_pass)."""
+    stage = next(s["ref"] for s in from_wheel["stages"] if s["stage"] == "flashinfer")
+    site = str(Path(from_wheel["checks"]["vllm_path"]).parent)
+    shim = (
+        "import glob, zipfile; wheel = zipfile.ZipFile(glob.glob('/tmp/fi/flashinfer_python-*.whl')[0]); "
+        f"open('{site}/b12x/__init__.py', 'wb').write(wheel.read('b12x/__init__.py'))"
+    )
+    tag = "sparkbuild-test/b12x-shim:vllm-0.33.0"
+    steps = f'COPY --from={stage} /wheels /tmp/fi\nRUN python3 -c "{shim}" && rm -r /tmp/fi'
+    images.derived_image(engine, from_wheel["image"], tag, steps, tmp_path / "shim")
+    loaded = json.loads(engine.output(from_wheel["image"], ["python3", "-c", LOAD_PLUGINS]).strip().splitlines()[-1])
+    assert {"b12x_fp6", "b12x_loader"} <= set(loaded)
+    broken = json.loads(engine.output(tag, ["python3", "-c", LOAD_PLUGINS]).strip().splitlines()[-1])
+    assert not {"b12x_fp6", "b12x_loader"} & set(broken), broken
+    with pytest.raises(EngineError) as failed:
+        engine.output(tag, ["python3", "/opt/sparkbuild/shared_files.py", "--check"])
+    assert "b12x/__init__.py is flashinfer-python's, not its owner b12x 1.5.1's" in str(failed.value)
 
 
 def test_gpt_oss_put_back_on_the_0_33_target_fails_its_predicted_start_up_naming_marlin(
