@@ -121,6 +121,17 @@ def settle(name: str, edits: list[Edit], notes: list[str], marker_files: list[st
     return Outcome("upstream", nothing_to_do)
 
 
+def judged(path: str, judge: Callable[[], Outcome]) -> Outcome:
+    """``judge()``, with the two ways a rule finds a Python file it cannot change (it does not parse,
+    or the rule raised ``RuleConflict``) reported as a conflict naming ``path``."""
+    try:
+        return judge()
+    except SyntaxError as exc:
+        return Outcome("conflict", f"{path}: does not parse as Python (line {exc.lineno})")
+    except RuleConflict as exc:
+        return Outcome("conflict", f"{path}: {exc}")
+
+
 def marker_without_change(path: str, name: str, missing: str) -> str:
     """The detail of a file that carries a patch's marker but not (all of) its change."""
     return (

@@ -26,6 +26,20 @@ def entry(file: str, flags: str, library: str = "_C") -> dict[str, str]:
     }
 
 
+def audited(units: tuple[preflight.Unit, ...]) -> preflight.Report:
+    """The report of an audit alone: nothing compiled, no time spent."""
+    return preflight.Report(
+        target="t",
+        device=SPARK,
+        units=units,
+        compiled=(),
+        stubbed=(),
+        changed_files=(),
+        configure_seconds=0.0,
+        compile_seconds=0.0,
+    )
+
+
 def test_both_gencode_spellings_are_read() -> None:
     codes = preflight.gencodes(
         "nvcc -gencode arch=compute_120f,code=sm_120f --generate-code=arch=compute_80,code=[compute_80,sm_80]"
@@ -128,16 +142,7 @@ def test_a_library_built_only_for_other_gpus_is_listed_apart_and_a_lost_unit_sti
     verdicts = {u.file: u.verdict for u in units}
     assert verdicts["csrc/lost.cu"] == "none"
     assert [verdicts[f"hopper/instantiations/k{i}_sm90.cu"] for i in range(3)] == ["other-gpu"] * 3
-    report = preflight.Report(
-        target="t",
-        device=SPARK,
-        units=units,
-        compiled=(),
-        stubbed=(),
-        changed_files=(),
-        configure_seconds=0.0,
-        compile_seconds=0.0,
-    )
+    report = audited(units)
     assert [u.file for u in report.failing_units] == ["csrc/lost.cu"]
     assert "_vllm_fa3_C: 3 unit(s) built for other GPUs only" in report.text()
     assert report.counts()["other-gpu"] == 3
@@ -150,16 +155,7 @@ def test_a_unit_no_target_of_setup_py_needs_is_not_built_and_not_judged() -> Non
     commands = [entry("csrc/ok.cu", "-gencode arch=compute_120f,code=sm_120f"), entry("csrc/stray.cu", "-O3"), *fa3]
     skipped = frozenset({"/src/vllm/csrc/stray.cu", *(e["file"] for e in fa3)})
     units = preflight.audit(commands, SPARK, "/src/vllm", skipped)
-    report = preflight.Report(
-        target="t",
-        device=SPARK,
-        units=units,
-        compiled=(),
-        stubbed=(),
-        changed_files=(),
-        configure_seconds=0.0,
-        compile_seconds=0.0,
-    )
+    report = audited(units)
     assert report.counts() == {"sass": 1, "ptx-only": 0, "none": 0, "other-gpu": 0, "not-built": 3}
     assert report.ok and report.cell().startswith("4 units: 1 sass, 0 ptx-only, 0 none, 3 not built;")
     text = report.text()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from sparkbuild.patch.overlay import Edit, Outcome, Overlay, RuleConflict, marker_without_change
+from sparkbuild.patch.overlay import Edit, Outcome, Overlay, RuleConflict, judged, marker_without_change
 
 NAME = "fa3-hopper-only"
 MARKER = f"sparkbuild {NAME}"
@@ -44,12 +44,7 @@ def run(overlay: Overlay, folder: Path) -> Outcome:
     if not overlay.exists(SETUP):
         return Outcome("not-applicable", f"no {SETUP} in this layout")
     text = overlay.read(SETUP)
-    try:
-        return _judge(text)
-    except SyntaxError as exc:
-        return Outcome("conflict", f"{SETUP}: does not parse as Python (line {exc.lineno})")
-    except RuleConflict as exc:
-        return Outcome("conflict", f"{SETUP}: {exc}")
+    return judged(SETUP, lambda: _judge(text))
 
 
 def _judge(text: str) -> Outcome:

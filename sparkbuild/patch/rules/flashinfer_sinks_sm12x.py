@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkbuild.patch import fragments
-from sparkbuild.patch.overlay import Edit, Outcome, Overlay, RuleConflict, marker_without_change
+from sparkbuild.patch.overlay import Edit, Outcome, Overlay, RuleConflict, judged, marker_without_change
 
 NAME = "flashinfer-sinks-sm12x"
 BACKEND = "vllm/v1/attention/backends/flashinfer.py"
@@ -56,12 +56,10 @@ def run(overlay: Overlay, folder: Path) -> Outcome:
         if missing:
             return Outcome("conflict", marker_without_change(BACKEND, NAME, f"missing: {', '.join(missing)}"))
         return Outcome("applied", f"sparkbuild's {NAME} is in {BACKEND}: every part of it", files=(BACKEND,))
-    try:
-        splices = plan(before, code)
-    except SyntaxError as exc:
-        return Outcome("conflict", f"{BACKEND}: does not parse as Python (line {exc.lineno})")
-    except RuleConflict as exc:
-        return Outcome("conflict", f"{BACKEND}: {exc}")
+    return judged(BACKEND, lambda: _applies(before, plan(before, code)))
+
+
+def _applies(before: str, splices: list[Splice]) -> Outcome:
     after = splice(before, splices)
     return Outcome("applies", f"{BACKEND}: {', '.join(s.name for s in splices)}", (Edit(BACKEND, before, after),))
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from sparkbuild.patch.overlay import Edit, Outcome, Overlay, RuleConflict, marker_without_change
+from sparkbuild.patch.overlay import Edit, Outcome, Overlay, RuleConflict, judged, marker_without_change
 
 NAME = "nvfp4-moe-b12x-auto"
 MARKER = f"sparkbuild {NAME}"
@@ -42,12 +42,7 @@ def run(overlay: Overlay, folder: Path) -> Outcome:
     if not overlay.exists(ORACLE):
         return Outcome("not-applicable", f"no {ORACLE} in this layout (no NVFP4 MoE oracle)")
     text = overlay.read(ORACLE)
-    try:
-        return _judge(text)
-    except SyntaxError as exc:
-        return Outcome("conflict", f"{ORACLE}: does not parse as Python (line {exc.lineno})")
-    except RuleConflict as exc:
-        return Outcome("conflict", f"{ORACLE}: {exc}")
+    return judged(ORACLE, lambda: _judge(text))
 
 
 def _judge(text: str) -> Outcome:
