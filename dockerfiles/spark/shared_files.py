@@ -48,11 +48,11 @@ def _claims():
     return claims
 
 
-def replaced():
+def replaced(claims):
     """(path, owner, owner's version, the distribution whose bytes are there or None) for each file
-    two distributions record where the owner's bytes are not installed."""
+    two distributions record (``claims``) where the owner's bytes are not installed."""
     found = []
-    for path, owners in sorted(_claims().items()):
+    for path, owners in sorted(claims.items()):
         if len({name for name, _, _, _ in owners}) < 2:
             continue
         top = _name(path.split("/", 1)[0])
@@ -70,14 +70,15 @@ def replaced():
 
 def check():
     """The shared files, each with its owner; raises naming every file an owner lost."""
-    lost = replaced()
+    claims = _claims()
+    lost = replaced(claims)
     if lost:
         said = "; ".join(f"{p} is {by or 'nobody'}'s, not its owner {n} {v}'s" for p, n, v, by in lost)
         raise RuntimeError(
             f"{said}: a later install replaced another distribution's file (pip check does not see it); "
             "the runtime stage restores owners after FlashInfer's layer (shared_files.py --restore)"
         )
-    shared = [p for p, owners in _claims().items() if len({o[0] for o in owners}) > 1]
+    shared = [p for p, owners in claims.items() if len({o[0] for o in owners}) > 1]
     return {"shared": sorted(shared), "replaced": []}
 
 
@@ -96,15 +97,17 @@ def _archive_hash(reports, name, version):
 
 def restore(reports):
     """Reinstall each owner another distribution's wheel overwrote, from the same file (by its sha256)."""
-    owners = sorted({(name, version) for _, name, version, _ in replaced()})
+    owners = sorted({(name, version) for _, name, version, _ in replaced(_claims())})
     for name, version in owners:
         digest = _archive_hash(reports, name, version)
-        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as pinned:
-            pinned.write(f"{name}=={version} --hash=sha256:{digest}\n")
-        command = [sys.executable, "-m", "pip", "install", "--progress-bar", "off", "--no-deps", "--force-reinstall"]
-        command += ["--require-hashes", "--requirement", pinned.name]
-        print("+ " + " ".join(command) + f"  ({name}=={version} --hash=sha256:{digest})", flush=True)
-        subprocess.run(command, check=True)
+        # Removed after pip ran: nothing of the step's own stays in the layer (two builds, the same bytes).
+        with tempfile.TemporaryDirectory() as folder:
+            pinned = pathlib.Path(folder) / "pinned.txt"
+            pinned.write_text(f"{name}=={version} --hash=sha256:{digest}\n")
+            command = [sys.executable, "-m", "pip", "install", "--progress-bar", "off", "--no-deps", "--force-reinstall"]
+            command += ["--require-hashes", "--requirement", str(pinned)]
+            print("+ " + " ".join(command) + f"  ({name}=={version} --hash=sha256:{digest})", flush=True)
+            subprocess.run(command, check=True)
     check()
     print(f"shared_files: {len(owners)} owner(s) restored: {', '.join(f'{n} {v}' for n, v in owners) or 'none'}")
 
