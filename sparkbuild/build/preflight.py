@@ -26,9 +26,10 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from sparkbuild.build import binaries
 from sparkbuild.build.binaries import Arch, Code
@@ -169,8 +170,11 @@ class Report:
         return bool(self.units) and not self.failing_units and not self.failing_compiles and not self.uncompiled_changes
 
     def counts(self) -> dict[Verdict, int]:
-        verdicts: tuple[Verdict, ...] = ("sass", "ptx-only", "none", "other-gpu", "not-built")
-        return {v: sum(u.verdict == v for u in self.units) for v in verdicts}
+        return {v: sum(u.verdict == v for u in self.units) for v in get_args(Verdict)}
+
+    def by_library(self, verdict: Verdict) -> dict[str, int]:
+        """How many units of each library have ``verdict``."""
+        return dict(sorted(Counter(u.library for u in self.units if u.verdict == verdict).items()))
 
     def cell(self) -> str:
         """One summary-table cell: units, code targets, problems, seconds."""
@@ -200,20 +204,12 @@ class Report:
                 lines.append(f"  ptx-only (JIT on first load): {u.file} [{listed}]")
             elif u.verdict == "none":
                 lines.append(f"  NO CODE FOR THIS GPU: {u.file} [{listed}]")
-        others: dict[str, int] = {}
-        for u in self.units:
-            if u.verdict == "other-gpu":
-                others[u.library] = others.get(u.library, 0) + 1
-        for library, n in sorted(others.items()):
+        for library, n in self.by_library("other-gpu").items():
             lines.append(
                 f"  {library}: {n} unit(s) built for other GPUs only (no code target for this arch list): "
                 "compiled for nothing here" + (" (fa3-hopper-only leaves FA3 out)" if library == FA3_LIBRARY else "")
             )
-        skipped: dict[str, int] = {}
-        for u in self.units:
-            if u.verdict == "not-built":
-                skipped[u.library] = skipped.get(u.library, 0) + 1
-        for library, n in sorted(skipped.items()):
+        for library, n in self.by_library("not-built").items():
             lines.append(f"  {library}: {n} unit(s) configured, not built (no extension vLLM's setup.py builds needs them)")
         for c in self.compiled:
             state = "ok" if c.ok and c.runs is not False else "FAILED"

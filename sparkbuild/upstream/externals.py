@@ -25,16 +25,12 @@ from typing import Literal
 Submodules = Literal["all"] | tuple[str, ...]
 
 # Where CMake's default ("all", recursively) fetches more than a CUDA build of vLLM reads: the submodules
-# the build uses, per project, with the evidence. The source stage fetches these alone; a path the
-# project no longer has fails its `git submodule update` naming it, and one the build needs but is not
-# listed fails the configure or the compile naming the missing file.
-BUILD_USES: dict[str, tuple[tuple[str, ...], str]] = {
-    "vllm-flash-attn": (
-        ("csrc/cutlass",),
-        "flash-attention's CMakeLists.txt includes csrc/cutlass/include and no other submodule (its own setup.py "
-        "initializes csrc/cutlass alone); csrc/composable_kernel and third_party/aiter are ROCm's",
-    ),
-}
+# the build uses, per project. The source stage fetches these alone; a path the project no longer has
+# fails its `git submodule update` naming it, and one the build needs but is not listed fails the
+# configure or the compile naming the missing file. The evidence, per project:
+# - vllm-flash-attn: its CMakeLists.txt includes csrc/cutlass/include and no other submodule (its own
+#   setup.py initializes csrc/cutlass alone); csrc/composable_kernel and third_party/aiter are ROCm's.
+BUILD_USES: dict[str, tuple[str, ...]] = {"vllm-flash-attn": ("csrc/cutlass",)}
 
 FOLDER = "cmake/external_projects"
 _ENV_RE = re.compile(r"DEFINED\s+ENV\{(\w+)\}")
@@ -89,7 +85,7 @@ class External:
         """The submodules the source stage fetches: CMake's, except where CMake would take every one
         and the build uses fewer (``BUILD_USES``)."""
         if self.submodules == "all" and self.name in BUILD_USES:
-            return BUILD_USES[self.name][0]
+            return BUILD_USES[self.name]
         return self.submodules
 
     def fetch_args(self) -> tuple[str, ...]:
