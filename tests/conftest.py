@@ -26,8 +26,9 @@ from tests.support import ROOT, cli, images, leftovers
 from tests.support import matrix as support_matrix
 from tests.support.matrix import MatrixWriter
 
-# Fixtures every test may use, wherever it lives: vLLM source trees and a real upstream of releases.
-pytest_plugins = ["tests.support.trees", "tests.support.upstream"]
+# Fixtures every test may use, wherever it lives: vLLM source trees, a real upstream of releases, and
+# linux/arm64 made runnable (emulated on x86_64).
+pytest_plugins = ["tests.support.trees", "tests.support.upstream", "tests.support.emulation"]
 
 # A suite started in the background by a script (`.ci/run &`, nohup) inherits SIGINT ignored, and so
 # would every sparkbuild process it starts: the Ctrl-C tests' processes would then never see their

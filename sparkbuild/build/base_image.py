@@ -1,6 +1,6 @@
 """Base images: pinned by digest, or made here and cached by content.
 
-- ``debootstrap``: a Debian root file system made with debootstrap and ``docker import``.
+- ``debootstrap``: a Debian root file system made with debootstrap, its tar added to ``FROM scratch`` by BuildKit.
 - ``cuda_wheels``: a CUDA toolkit from NVIDIA's PyPI wheels (``cuda-toolkit[...]==X``, resolved
   by pip) laid out as ``/usr/local/cuda-X.Y`` (``bin``, ``include``, ``lib64``, ``nvvm``) on a
   debootstrap base: a devel or runtime base like NVIDIA's images, with no Docker Hub.
@@ -72,7 +72,8 @@ def _debootstrap(engine: Engine, base: Base, ref: str, platform: str, work: Path
                 for path in (root / junk).glob("*"):
                     if path.is_file():
                         path.unlink()
-            engine.import_rootfs(root, ref, platform)
+            log_file = work / "logs" / f"{ref.replace('/', '_').replace(':', '_')}.log"
+            engine.import_rootfs(root, ref, platform, log_file)
 
 
 # --- a CUDA toolkit from PyPI wheels ------------------------------------------------------------

@@ -73,6 +73,8 @@ VARIABLES: dict[str, str] = {
     "the registry's credentials",
     "SPARKBUILD_CUOBJDUMP": "the cuobjdump that `check-binary` and preflight run (default: the PATH's, "
     "then PyPI's `nvidia-cuda-cuobjdump` in sparkbuild's environment)",
+    "SPARKBUILD_BINFMT_MISC": "the binfmt_misc folder `doctor` and the lanes read emulation handlers from (default "
+    "`/proc/sys/fs/binfmt_misc`); the tests point it at an empty folder to be a host without a handler",
 }
 # Set by others (the CI, pip, the Hub client, the desktop), read by sparkbuild; also declared once.
 READ_FROM_OTHERS: dict[str, str] = {

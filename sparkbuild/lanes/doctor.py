@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparkbuild.config.options import Options
+from sparkbuild.config.options import Options, env
 from sparkbuild.errors import ConfigError, EngineError, FatalError, RegistryUnavailableError, ToolMissingError
 from sparkbuild.oci.engine import EngineFacts, probe
 from sparkbuild.plan import runnable
@@ -126,6 +126,7 @@ def gather(opts: Options, *, registry: str | None = None) -> Facts:
     except host.UnknownMachineError:
         platform = None
     engine = probe()
+    binfmt = Path(env("SPARKBUILD_BINFMT_MISC", str(host.BINFMT)))
     return Facts(
         machine=host.machine(),
         platform=platform,
@@ -133,8 +134,8 @@ def gather(opts: Options, *, registry: str | None = None) -> Facts:
         memory_gb=host.memory_gb(),
         disks=disks(opts.cache, engine.root),
         engine=engine,
-        platforms=platforms(native(platform, engine)),
-        binfmt=host.binfmt_handlers(),
+        platforms=platforms(native(platform, engine), binfmt),
+        binfmt=host.binfmt_handlers(binfmt),
         gpus=host.read_gpus(),
         registry=registry_facts(registry if registry is not None else opts.registry),
     )

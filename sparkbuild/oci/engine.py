@@ -294,15 +294,22 @@ class Engine:
             raise EngineError(f"image {ref} is not in the engine; build or pull it first") from None
         return attrs
 
-    def import_rootfs(self, root: Path, ref: str, platform: str) -> str:
-        """``docker import`` of a root file system folder, through the SDK."""
-        repository, tag = ref.rsplit(":", 1)
-        with tempfile.NamedTemporaryFile(suffix=".tar", dir=root.parent) as tar_file:
-            with tarfile.open(tar_file.name, "w") as tar:
+    def import_rootfs(self, root: Path, ref: str, platform: str, log_file: Path) -> str:
+        """An image of a root file system folder, for ``platform``: ``FROM scratch`` and the folder's tar
+        ``ADD``ed, built by BuildKit. Not ``docker import``: an engine of 20.10 records the host's
+        architecture in what it imports, whatever ``--platform`` says, and BuildKit, building ``FROM``
+        that image for another platform, then looks for it on Docker Hub instead (issue 43)."""
+        with tempfile.TemporaryDirectory(dir=root.parent, prefix="import-") as tmp:
+            context = Path(tmp)
+            with tarfile.open(context / "rootfs.tar", "w") as tar:
                 tar.add(root, arcname=".")
-            log.info(f"+ docker import {tar_file.name} {ref}  (SDK, {platform})")
-            self.client.api.import_image_from_file(tar_file.name, repository=repository, tag=tag)
-        return str(self.inspect(ref)["Id"])
+            # ADD unpacks a local tar archive (owners, modes and links as archived); nothing runs on
+            # the image's platform, so a foreign root is made without emulation.
+            (context / "Dockerfile").write_text("FROM scratch\nADD rootfs.tar /\n", encoding="utf-8")
+            labels = {"io.sparkbuild.base": ref}
+            return self.build(
+                context=context, tag=ref, platform=platform, labels=labels, build_args={}, secrets={}, log_file=log_file
+            )
 
     def build(
         self,

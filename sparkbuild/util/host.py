@@ -126,12 +126,13 @@ def can_run(platform: str, binfmt: Path = BINFMT, native: str | None = None) -> 
             return False, (
                 f"{platform} images cannot run on this {own} host: binfmt_misc handler {handlers[wanted]} has no F flag "
                 f"(flags: {flags}), so containers cannot reach its interpreter; install qemu-user-static, which "
-                "registers it with F"
+                "registers it with F (as root: scripts/emulation in sparkbuild's checkout)"
             )
         return True, f"{platform} runs under emulation (binfmt_misc handler {handlers[wanted]}; slow)"
     return False, (
         f"{platform} images cannot run on this {own} host: no binfmt_misc handler for {wanted} "
-        "(install qemu-user-static and binfmt-support, or build for the host's own platform)"
+        "(install qemu-user-static (QEMU >= 8; Debian bookworm: from bookworm-backports) and binfmt-support, "
+        "or run scripts/emulation from sparkbuild's checkout as root, which does both; or build for the host's own platform)"
     )
 
 

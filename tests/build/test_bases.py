@@ -64,3 +64,28 @@ def test_a_cuda_12_devel_base_from_wheels_is_refused_saying_why(engine: Engine, 
     base = matrix.load(tmp_path / "matrix.yaml").bases["cu12-devel"]
     with pytest.raises(BuildError, match=r"cuda-toolkit 12\.9\.1 on PyPI has no nvcc \(its bin/ holds ptxas\).*CUDA 13\.0 on"):
         base_image.ensure(engine, base, LOCAL_PLATFORM, cache / "rootfs")
+
+
+def test_an_arm64_base_made_here_is_arm64_and_a_build_from_it_asks_no_registry(
+    engine: Engine, cache: Path, arm64: str, tmp_path: Path
+) -> None:
+    """The Debian base made by debootstrap for linux/arm64 is recorded as arm64 (its files are aarch64),
+    so BuildKit, building FROM it for linux/arm64, takes it from the engine. Made with ``docker import``,
+    an engine of 20.10 recorded it as amd64 whatever the platform asked, and that build looked the base
+    up on Docker Hub ("load metadata for docker.io/sparkbuild/base:...") and failed (issue 43)."""
+    base = matrix.load(ROOT / "matrix.yaml").bases["debian-bookworm"]
+    ref = base_image.ensure(engine, base, arm64, cache / "rootfs")
+    found = engine.inspect(ref)
+    assert (found["Os"], found["Architecture"]) == ("linux", "arm64")
+    # This host reaches no Docker Hub: a build that looked the base up there would fail, not pass.
+    (tmp_path / "Dockerfile").write_text(f"FROM {ref}\nRUN uname -m > /machine\n")
+    image = engine.build(
+        context=tmp_path, tag="sparkbuild-test/from-arm64-base:1", platform=arm64,
+        labels={}, build_args={}, secrets={}, log_file=tmp_path / "build.log",
+    )  # fmt: skip
+    try:
+        args = ["docker", "run", "--rm", "--network", "host", "--platform", arm64, image, "cat", "/machine"]
+        machine = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+        assert machine.strip() == "aarch64"
+    finally:
+        engine.remove_image("sparkbuild-test/from-arm64-base:1")

@@ -191,7 +191,7 @@ targets:
 @pytest.mark.parametrize(
     ("binfmt", "runnable", "said"),
     [
-        (None, False, "no binfmt_misc handler for aarch64 (install qemu-user-static and binfmt-support"),
+        (None, False, "no binfmt_misc handler for aarch64 (install qemu-user-static (QEMU >= 8"),
         ("binfmt-no-fix", False, "binfmt_misc handler qemu-aarch64 has no F flag (flags: OC)"),
         ("binfmt-qemu-user-static", True, "linux/arm64 runs under emulation (binfmt_misc handler qemu-aarch64; slow)"),
     ],

@@ -1,0 +1,39 @@
+"""linux/arm64 (the DGX Spark's platform) for the tests that need it: natively on an aarch64 host;
+on x86_64, made runnable once per session by ``scripts/emulation`` (QEMU from the distribution,
+registered with binfmt_misc's F flag). Where that is refused (not root, binfmt_misc read-only, no
+QEMU in the archive), every such test skips with the script's own reason: never a failure, never
+a silent pass."""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+
+import pytest
+
+from sparkbuild.util import host
+from tests.support import ROOT
+
+ARM64 = "linux/arm64"
+
+
+@functools.cache
+def _ready() -> tuple[bool, str]:
+    """Run ``scripts/emulation`` (once per session), then ask the same question ``doctor`` asks."""
+    if host.host_platform() != ARM64:
+        args = [str(ROOT / "scripts" / "emulation")]
+        print("+", *args)
+        done = subprocess.run(args, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            return False, f"linux/arm64 cannot run on this host: {done.stderr.strip().splitlines()[-1:]}"
+    runs, how = host.can_run(ARM64)
+    return runs, how
+
+
+@pytest.fixture(scope="session")
+def arm64() -> str:
+    """The platform ``linux/arm64``, runnable here (natively or emulated), or the test skips saying why."""
+    runs, how = _ready()
+    if not runs:
+        pytest.skip(how)
+    return ARM64
