@@ -36,7 +36,7 @@ from sparkbuild.plan.matrix import Check, GitSource, Target
 from sparkbuild.plan.plan import TargetPlan
 from sparkbuild.publish import attest, publish
 from sparkbuild.upstream import kernelpath
-from sparkbuild.util import fsutil, log, runlock
+from sparkbuild.util import fsutil, host, log, runlock
 from sparkbuild.verify import layout
 
 # The stages that build, verify and judge speed are imported where a target reaches them: a nightly
@@ -150,6 +150,8 @@ class TargetRun:
         source = source_of(self.plan.target)
         return {
             "target": self.plan.id,
+            # Built and verified for this platform; emulated where it is not this host's own.
+            "platform": {"name": self.plan.target.platform, "emulated": host.emulated(self.plan.target.platform)},
             "vllm": self.plan.target.version,
             "commit": source[0].commit if source else None,
             "patches": None if self.patches is None else {r.patch: r.status for r in self.patches},

@@ -24,6 +24,7 @@ Row = dict[str, Any]
 # The keys of ``pipeline.TargetRun.row()`` (a test holds the two equal).
 ROW_KEYS = (
     "target",
+    "platform",
     "vllm",
     "commit",
     "patches",
@@ -45,6 +46,7 @@ ROW_KEYS = (
 )
 HEADER = (
     "target",
+    "platform",
     "vLLM",
     "commit",
     "patches",
@@ -69,11 +71,19 @@ def patch_cell(patches: dict[str, str] | None) -> str:
     return " ".join(f"{name}={status}" for name, status in patches.items()) or "none"
 
 
+def platform_cell(platform: dict[str, Any] | None) -> str:
+    """The platform the row's results are from, and whether they ran emulated (QEMU) on this host."""
+    if not platform:
+        return "-"
+    return f"{platform['name']} (emulated)" if platform["emulated"] else str(platform["name"])
+
+
 def cells(row: Row) -> tuple[str, ...]:
     """One table line from one ``summary.json`` row."""
     status, failed_at, seconds = row["status"], row["failed_at"], row["seconds"]
     return (
         str(row["target"]),
+        platform_cell(row["platform"]),
         str(row["vllm"] or "-"),
         str(row["commit"] or "-")[:12],
         patch_cell(row["patches"]),

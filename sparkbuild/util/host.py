@@ -50,6 +50,15 @@ def host_platform() -> str:
     return platform_of(machine())
 
 
+def emulated(platform: str) -> bool:
+    """Whether images of ``platform`` run emulated here: not this host's own platform (a host of a
+    machine sparkbuild builds for none natively runs every image emulated)."""
+    try:
+        return platform != host_platform()
+    except UnknownMachineError:
+        return True
+
+
 def cpu_flags(cpuinfo: str) -> frozenset[str]:
     """The CPU's feature flags from the text of /proc/cpuinfo: ``flags`` on x86, ``Features`` on Arm."""
     for line in cpuinfo.splitlines():

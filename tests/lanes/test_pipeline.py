@@ -44,6 +44,7 @@ def test_summary_table_has_one_row_per_target() -> None:
     assert columns == [
         *(
             "target",
+            "platform",
             "vLLM",
             "commit",
             "patches",

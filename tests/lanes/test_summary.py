@@ -14,6 +14,7 @@ from sparkbuild.lanes import pipeline, rc, summary
 from sparkbuild.plan import plan
 from sparkbuild.upstream import gitrepo
 from sparkbuild.upstream.gitrepo import RemoteRefs
+from sparkbuild.util import host
 from tests.support import ROOT
 from tests.support.cli import Outcome
 from tests.support.cli import in_process as sparkbuild
@@ -67,6 +68,10 @@ def test_the_merged_table_has_every_target_a_failed_one_failed_and_a_missing_one
     assert "| published " in rows[0] and local.content_tag in rows[0] and "sha256:abababababab" in rows[0]
     assert "failed (building)" in rows[1]
     assert summary.MISSING in rows[2]
+    # Which platform each row's results are from, and whether they ran emulated on this host.
+    platforms = [r.split("|")[2].strip() for r in rows]
+    assert platforms[1] == ("linux/arm64" if host.host_platform() == "linux/arm64" else "linux/arm64 (emulated)")
+    assert platforms[0] == local.target.platform and platforms[2] == "-"
     assert f"- {spark.id}: nvcc ran out of memory" in result.out  # why, under the table
     assert f"2 of 3 target(s) failed or left no summary: {spark.id}, {older.id}" in result.err
     step = (tmp_path / "step-summary.md").read_text()
@@ -112,7 +117,7 @@ def test_a_lane_with_nothing_to_do_merges_to_success(tmp_path: Path, monkeypatch
         ("vllm-a", None, "--targets: give the JSON list"),
         ('["a", "a"]', None, "names a target twice"),
         ('["a"]', "{not json", "not JSON"),
-        ('["a"]', '[{"target": "a"}]', "row 1 has no vllm"),
+        ('["a"]', '[{"target": "a"}]', "row 1 has no platform, vllm"),
     ],
 )
 def test_bad_input_is_a_config_error_naming_what_to_fix(
