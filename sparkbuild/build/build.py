@@ -27,7 +27,7 @@ from sparkbuild.oci.engine import Engine
 from sparkbuild.oci.registry import Registry
 from sparkbuild.plan import render
 from sparkbuild.plan.plan import STAGE_REPOSITORY, StagePlan, TargetPlan, bases
-from sparkbuild.util import fsutil, log
+from sparkbuild.util import fsutil, host, log
 
 Action = Literal["built", "reused", "pulled"]
 
@@ -90,8 +90,14 @@ def require_resolved(plan: TargetPlan) -> None:
 
 
 def ensure_bases(engine: Engine, plan: TargetPlan, opts: Options) -> None:
-    for base in dict.fromkeys(bases(plan.target).values()):
-        base_image.ensure(engine, base, plan.target.platform, opts.cache / "rootfs")
+    """Every base the target's stages use, for its platform; the source stages' for the build
+    platform they run on (``plan.template_variables``)."""
+    target = plan.target
+    for base in dict.fromkeys(bases(target).values()):
+        base_image.ensure(engine, base, target.platform, opts.cache / "rootfs")
+    build_platform = host.build_platform(target.platform)
+    if build_platform != target.platform:
+        base_image.ensure(engine, target.source_base, build_platform, opts.cache / "rootfs")
 
 
 def build(

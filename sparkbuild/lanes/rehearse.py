@@ -32,7 +32,6 @@ reach) is reported as not rehearsable, with the reason, and the others go on.
 from __future__ import annotations
 
 import json
-import platform as host
 import tempfile
 import time
 from contextlib import ExitStack
@@ -50,15 +49,10 @@ from sparkbuild.oci.engine import Engine
 from sparkbuild.plan import lock, plan, vllmfrom
 from sparkbuild.plan.matrix import Base, Matrix, Target
 from sparkbuild.upstream import gitrepo, sources
-from sparkbuild.util import log
+from sparkbuild.util import host, log
 from sparkbuild.verify import startup
 
 REPOSITORY = "sparkbuild/rehearsal"
-
-
-def build_platform() -> str:
-    """The platform this machine builds natively: no emulation."""
-    return {"x86_64": "linux/amd64", "aarch64": "linux/arm64", "arm64": "linux/arm64"}.get(host.machine(), "linux/amd64")
 
 
 class NotRehearsable(Exception):
@@ -81,7 +75,7 @@ def rehearsal_target(target: Target, m: Matrix) -> Target:
 
     return replace(
         target,
-        platform=m.rehearsal.platform or build_platform(),
+        platform=m.rehearsal.platform or host.build_platform(target.platform),
         base=swap(target.base),
         source_base=swap(target.source_base),
         runtime_base=swap(target.runtime_base),
@@ -109,7 +103,10 @@ def describe_base(base: Base) -> str:
 def swapped(target: Target, rehearsed: Target, choice: vllmfrom.Choice | None = None) -> list[str]:
     """Everything the rehearsal builds differently from the runner, one line each (sources come later)."""
     wheel = choice.wheel if choice is not None and choice.mode == "wheel" else None
-    if wheel is not None:
+    lines: list[str] = []
+    if rehearsed.platform == target.platform:
+        pass  # the runner's own platform: not a swap (the report's `platform` says where it ran emulated)
+    elif wheel is not None:
         machine = upstream_wheel.MACHINES.get(target.platform, target.platform)
         lines = [
             f"platform: {target.platform} -> {rehearsed.platform} (this machine's, no emulation): upstream's "
@@ -156,6 +153,8 @@ class Rehearsal:
     swapped: list[str] = field(default_factory=list)
     # "real": the image holds vLLM's compiled extensions (upstream's wheel); "swapped": a Python-only wheel.
     kernels: str | None = None
+    # The platform the image was built for, and whether its steps ran emulated (QEMU) here.
+    platform: dict[str, Any] | None = None
     vllm_from: vllmfrom.Choice | None = None
     check_binary: dict[str, Any] | None = None
     # vLLM's own start-up for each check the target names, a GB10 faked (sparkbuild.verify.startup).
@@ -180,6 +179,7 @@ class Rehearsal:
             "relaxed": list(self.relaxed),
             "swapped": self.swapped,
             "kernels": self.kernels,
+            "platform": self.platform,
             "vllm_from": None if self.vllm_from is None else self.vllm_from.to_json(),
             "check_binary": self.check_binary,
             "startup": None if self.startup is None else self.startup.to_json(),
@@ -274,6 +274,7 @@ def _one(engine: Engine, m: Matrix, pins: lock.Lock, target: Target, opts: Optio
         rehearsed = prepared.target
         result.vllm_from, result.kernels = prepared.choice, "real" if prepared.wheel_mode else "swapped"
         result.relaxed = rehearsed.relax
+        result.platform = {"name": rehearsed.platform, "emulated": host.emulated(rehearsed.platform)}
         result.swapped, result.sources = prepared.swapped, prepared.sources
         # The closure of the image as the runner builds it (its platform and runtime base), with
         # this machine's relaxed pins.

@@ -27,7 +27,7 @@ from sparkbuild.patch import pullrequest
 from sparkbuild.plan import base_recipe, lock, matrix, render, toolchain, vllmfrom
 from sparkbuild.plan.matrix import Target
 from sparkbuild.upstream import externals
-from sparkbuild.util import fsutil
+from sparkbuild.util import fsutil, host
 
 # Bump when the meaning of the inputs changes, so every tag moves once.
 PLAN_FORMAT = 1
@@ -323,6 +323,11 @@ def _git_input(source: matrix.GitSource | None) -> dict[str, Any] | None:
 def template_variables(target: Target, choice: vllmfrom.Choice | None = None) -> dict[str, Any]:
     """What the stage templates see. Everything here is an input of the stage that uses it."""
     refs = {name: base_recipe.reference(b, target.platform)[0] for name, b in bases(target).items()}
+    # The source stages run on the build platform (`FROM --platform=$BUILDPLATFORM`: fetching and
+    # patching need no emulation), so theirs is the base made for it: a made base's reference names
+    # one platform, and BuildKit would look another platform's up on Docker Hub. A pinned image is a
+    # multi-platform index and stays as it is. Only a cross build (an arm64 target on x86_64) differs.
+    refs["source_base"] = base_recipe.reference(target.source_base, host.build_platform(target.platform))[0]
     spark: dict[str, Any] = defaults()["spark_runtime"]
     return {
         "target": target,

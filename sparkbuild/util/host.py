@@ -50,6 +50,15 @@ def host_platform() -> str:
     return platform_of(machine())
 
 
+def build_platform(target: str) -> str:
+    """The platform BuildKit's ``$BUILDPLATFORM`` names here: this host's own, or ``target`` on a
+    host of a machine sparkbuild builds for none (everything then runs emulated)."""
+    try:
+        return host_platform()
+    except UnknownMachineError:
+        return target
+
+
 def emulated(platform: str) -> bool:
     """Whether images of ``platform`` run emulated here: not this host's own platform (a host of a
     machine sparkbuild builds for none natively runs every image emulated)."""
