@@ -25,7 +25,8 @@ def _ready() -> tuple[bool, str]:
         print("+", *args)
         done = subprocess.run(args, capture_output=True, text=True, check=False)
         if done.returncode != 0:
-            return False, f"linux/arm64 cannot run on this host: {done.stderr.strip().splitlines()[-1:]}"
+            said = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+            return False, f"linux/arm64 cannot run on this host: {' '.join(args)}: {said}"
     runs, how = host.can_run(ARM64)
     return runs, how
 
