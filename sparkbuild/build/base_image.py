@@ -49,6 +49,11 @@ def ensure(engine: Engine, base: Base, platform: str, work: Path) -> str:
     return ref
 
 
+def _log_file(work: Path, ref: str) -> Path:
+    """Where the build that makes base ``ref`` logs."""
+    return work / "logs" / f"{ref.replace('/', '_').replace(':', '_')}.log"
+
+
 def _debootstrap(engine: Engine, base: Base, ref: str, platform: str, work: Path) -> None:
     spec = base.debootstrap
     assert spec is not None
@@ -72,8 +77,7 @@ def _debootstrap(engine: Engine, base: Base, ref: str, platform: str, work: Path
                 for path in (root / junk).glob("*"):
                     if path.is_file():
                         path.unlink()
-            log_file = work / "logs" / f"{ref.replace('/', '_').replace(':', '_')}.log"
-            engine.import_rootfs(root, ref, platform, log_file)
+            engine.import_rootfs(root, ref, platform, _log_file(work, ref))
 
 
 # --- a CUDA toolkit from PyPI wheels ------------------------------------------------------------
@@ -107,7 +111,7 @@ def _make_cuda(engine: Engine, cuda: CudaWheels, ref: str, platform: str, work: 
                 labels={"io.sparkbuild.base": ref, "io.sparkbuild.cuda-wheels": requirement(cuda)},
                 build_args={},
                 secrets={},
-                log_file=work / "logs" / f"{ref.replace('/', '_').replace(':', '_')}.log",
+                log_file=_log_file(work, ref),
             )
 
 

@@ -26,8 +26,8 @@ from sparkbuild.oci import push
 from sparkbuild.oci.engine import Engine
 from sparkbuild.oci.registry import Registry
 from sparkbuild.plan import render
-from sparkbuild.plan.plan import STAGE_REPOSITORY, StagePlan, TargetPlan, bases
-from sparkbuild.util import fsutil, host, log
+from sparkbuild.plan.plan import STAGE_REPOSITORY, StagePlan, TargetPlan, base_platform, bases
+from sparkbuild.util import fsutil, log
 
 Action = Literal["built", "reused", "pulled"]
 
@@ -90,14 +90,10 @@ def require_resolved(plan: TargetPlan) -> None:
 
 
 def ensure_bases(engine: Engine, plan: TargetPlan, opts: Options) -> None:
-    """Every base the target's stages use, for its platform; the source stages' for the build
-    platform they run on (``plan.template_variables``)."""
+    """Every base the target's stages use, each for the platform its stages run on (``base_platform``)."""
     target = plan.target
-    for base in dict.fromkeys(bases(target).values()):
-        base_image.ensure(engine, base, target.platform, opts.cache / "rootfs")
-    build_platform = host.build_platform(target.platform)
-    if build_platform != target.platform:
-        base_image.ensure(engine, target.source_base, build_platform, opts.cache / "rootfs")
+    for base, platform in dict.fromkeys((b, base_platform(target, role)) for role, b in bases(target).items()):
+        base_image.ensure(engine, base, platform, opts.cache / "rootfs")
 
 
 def build(

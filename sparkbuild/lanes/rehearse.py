@@ -104,16 +104,16 @@ def swapped(target: Target, rehearsed: Target, choice: vllmfrom.Choice | None = 
     """Everything the rehearsal builds differently from the runner, one line each (sources come later)."""
     wheel = choice.wheel if choice is not None and choice.mode == "wheel" else None
     lines: list[str] = []
-    if rehearsed.platform == target.platform:
-        pass  # the runner's own platform: not a swap (the report's `platform` says where it ran emulated)
-    elif wheel is not None:
-        machine = upstream_wheel.MACHINES.get(target.platform, target.platform)
-        lines = [
-            f"platform: {target.platform} -> {rehearsed.platform} (this machine's, no emulation): upstream's "
-            f"{wheel.filename} for its {machine} wheel of vLLM {target.vllm.version}, the same kernels built for another CPU"
-        ]
-    else:
-        lines = [f"platform: {target.platform} -> {rehearsed.platform} (this machine's, no emulation)"]
+    # The runner's own platform is no swap (the report's `platform` says where it ran emulated).
+    if rehearsed.platform != target.platform:
+        line = f"platform: {target.platform} -> {rehearsed.platform} (this machine's, no emulation)"
+        if wheel is not None:
+            machine = upstream_wheel.MACHINES.get(target.platform, target.platform)
+            line += (
+                f": upstream's {wheel.filename} for its {machine} wheel of vLLM {target.vllm.version}, "
+                "the same kernels built for another CPU"
+            )
+        lines.append(line)
     seen: set[str] = set()
     for role in ("base", "runtime_base", "ptxas_base", "source_base"):
         before, after = getattr(target, role), getattr(rehearsed, role)

@@ -311,7 +311,9 @@ def _forget(engine: Engine, before: set[str]) -> int | None:
 
 def inputs(p: TargetPlan) -> list[str]:
     """What neither build makes: each base, an input made once by content (or pinned by digest)."""
-    found = dict.fromkeys(base_recipe.reference(b, p.target.platform)[0] for b in plan.bases(p.target).values())
+    found = dict.fromkeys(
+        base_recipe.reference(b, plan.base_platform(p.target, role))[0] for role, b in plan.bases(p.target).items()
+    )
     return [f"base {ref} (an input: made once by its content or pinned by digest, as the sources are)" for ref in found]
 
 

@@ -322,12 +322,7 @@ def _git_input(source: matrix.GitSource | None) -> dict[str, Any] | None:
 
 def template_variables(target: Target, choice: vllmfrom.Choice | None = None) -> dict[str, Any]:
     """What the stage templates see. Everything here is an input of the stage that uses it."""
-    refs = {name: base_recipe.reference(b, target.platform)[0] for name, b in bases(target).items()}
-    # The source stages run on the build platform (`FROM --platform=$BUILDPLATFORM`: fetching and
-    # patching need no emulation), so theirs is the base made for it: a made base's reference names
-    # one platform, and BuildKit would look another platform's up on Docker Hub. A pinned image is a
-    # multi-platform index and stays as it is. Only a cross build (an arm64 target on x86_64) differs.
-    refs["source_base"] = base_recipe.reference(target.source_base, host.build_platform(target.platform))[0]
+    refs = {role: base_recipe.reference(b, base_platform(target, role))[0] for role, b in bases(target).items()}
     spark: dict[str, Any] = defaults()["spark_runtime"]
     return {
         "target": target,
@@ -371,6 +366,15 @@ def bases(target: Target) -> dict[str, matrix.Base]:
         "runtime_base": target.runtime_base,
         "ptxas_base": target.ptxas_base,
     }
+
+
+def base_platform(target: Target, role: str) -> str:
+    """The platform the base of ``role`` is made for. The source stages run on the build platform
+    (`FROM --platform=$BUILDPLATFORM`: fetching and patching need no emulation), so theirs is the base
+    made for it: a made base's reference names one platform, and BuildKit would look another
+    platform's up on Docker Hub (a pinned image is a multi-platform index: its reference is the same).
+    Every other stage runs on the target's. Only a cross build (an arm64 target on x86_64) differs."""
+    return host.build_platform(target.platform) if role == "source_base" else target.platform
 
 
 def plan_stages(

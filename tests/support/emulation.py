@@ -6,7 +6,6 @@ a silent pass."""
 
 from __future__ import annotations
 
-import functools
 import subprocess
 
 import pytest
@@ -17,9 +16,8 @@ from tests.support import ROOT
 ARM64 = "linux/arm64"
 
 
-@functools.cache
 def _ready() -> tuple[bool, str]:
-    """Run ``scripts/emulation`` (once per session), then ask the same question ``doctor`` asks."""
+    """Run ``scripts/emulation``, then ask the same question ``doctor`` asks."""
     if host.host_platform() != ARM64:
         args = [str(ROOT / "scripts" / "emulation")]
         print("+", *args)
@@ -27,13 +25,13 @@ def _ready() -> tuple[bool, str]:
         if done.returncode != 0:
             said = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
             return False, f"linux/arm64 cannot run on this host: {' '.join(args)}: {said}"
-    runs, how = host.can_run(ARM64)
-    return runs, how
+    return host.can_run(ARM64)
 
 
 @pytest.fixture(scope="session")
 def arm64() -> str:
-    """The platform ``linux/arm64``, runnable here (natively or emulated), or the test skips saying why."""
+    """The platform ``linux/arm64``, runnable here (natively or emulated), or the test skips saying why.
+    Session-scoped: the script runs once, and pytest keeps a skip for every later test that asks."""
     runs, how = _ready()
     if not runs:
         pytest.skip(how)
