@@ -700,6 +700,50 @@ def inspect_cmd(image: str, registry: str | None, as_json: bool) -> None:
     click.echo(inspection.text(report))
 
 
+@cli.command("report")
+@selection
+@click.option(
+    "--repository",
+    "repositories",
+    multiple=True,
+    help="A repository to report on (repeatable; default: those of the matrix's selected targets).",
+)
+@click.option("--registry", help="host:port of the registry (default: SPARKBUILD_REGISTRY, else the cache's embedded registry).")
+@click.option(
+    "--site",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder to write the site into, replaced whole (default: <out>/report).",
+)
+@click.option(
+    "--nights",
+    type=click.IntRange(min=1),
+    default=30,
+    show_default=True,
+    help="Nights the grid, the tables under the plots and the image pages show (the plots: every night).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print what was read and where the site is, as JSON.")
+def report_cmd(
+    repositories: tuple[str, ...], registry: str | None, site: Path | None, nights: int, as_json: bool, **kwargs: Any
+) -> None:
+    """Write a static site of every night's images, gates and speed, read from the registry alone."""
+    from sparkbuild.publish import inspection
+    from sparkbuild.report import site as report_site
+
+    opts = make_options(registry=registry, **kwargs)
+    if not repositories:
+        from sparkbuild.plan import plan
+
+        repositories = tuple(dict.fromkeys(p.repository for p in plan.make(opts)))
+    dest = site or opts.out / "report"
+    with inspection.reach(None, opts.registry, opts.cache, opts.registry_limits) as reg:
+        made = report_site.make(reg, repositories, dest, opts.cache, nights)
+    if as_json:
+        emit_json({"index": str(made.index), "repositories": made.counts})
+        return
+    read = "; ".join(f"{r['repository']}: {r['runs']} run(s), {r['images']} image(s)" for r in made.counts)
+    click.echo(f"{made.index}: {read}")
+
+
 @cli.command("wheels")
 @click.argument("image")
 @click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Folder to fetch into.")

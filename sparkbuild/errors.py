@@ -75,6 +75,12 @@ class PublishError(FatalError):
         "or a signature could not be made or checked"
     )
 
+    def __init__(self, message: str, *, unreachable: bool = False) -> None:
+        super().__init__(message)
+        # The registry kept failing past the retries (HTTP 5xx, 429, a broken connection): unlike a
+        # refusal or a 404 for one object, nothing it holds can be told apart from what it failed to send.
+        self.unreachable = unreachable
+
 
 class LaneFailed(FatalError):
     """A lane (nightly, rc) ended with failed targets, or ``sparkbuild summary`` merged a failed or missing

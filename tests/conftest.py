@@ -28,7 +28,7 @@ from tests.support.matrix import MatrixWriter
 
 # Fixtures every test may use, wherever it lives: vLLM source trees, a real upstream of releases, and
 # linux/arm64 made runnable (emulated on x86_64).
-pytest_plugins = ["tests.support.trees", "tests.support.upstream", "tests.support.emulation"]
+pytest_plugins = ["tests.support.trees", "tests.support.upstream", "tests.support.emulation", "tests.support.browser"]
 
 # A suite started in the background by a script (`.ci/run &`, nohup) inherits SIGINT ignored, and so
 # would every sparkbuild process it starts: the Ctrl-C tests' processes would then never see their

@@ -150,6 +150,7 @@ STACK = (
     "build",
     "verify",
     "publish",
+    "report",
     "lanes",
     "cli",
     "__main__",

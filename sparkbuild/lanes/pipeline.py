@@ -83,6 +83,8 @@ class Speed:
     plot: Path
 
     def to_json(self) -> dict[str, object]:
+        from sparkbuild.verify import regression
+
         return {
             "check": self.check.name,
             "verdict": self.gate.verdict,
@@ -90,6 +92,9 @@ class Speed:
             "baseline_target": self.gate.baseline_target,
             "table": self.table,
             "plot": str(self.plot),
+            # What the report plots night by night: the figures measured, and each beside its baseline.
+            "measured": regression.headline_figures(self.measured),
+            "changes": [c.to_json() for c in self.gate.changes],
         }
 
 
@@ -127,6 +132,8 @@ class TargetRun:
     # targets), and where the servers then chose otherwise (the prediction was wrong).
     startup: startup.Startup | None = None
     mispredicted: tuple[str, ...] = ()
+    # The checks whose speed gate held the readable tags back (the image is published by digest only).
+    held: tuple[str, ...] = ()
 
     @property
     def speed_verdict(self) -> regression.Verdict | None:
@@ -160,6 +167,7 @@ class TargetRun:
             "digest": self.digest,
             "signature": self.signature,
             "status": self.status.value,
+            "held": list(self.held),
             "failed_at": None if self.failed_at is None else self.failed_at.value,
             "closure": None if self.closure is None else {"verdict": self.closure.verdict, "cell": self.closure.cell()},
             "preflight": None if self.preflight is None else self.preflight.summary(),
@@ -386,7 +394,8 @@ def publish_image(ctx: Context, run: TargetRun) -> bool:
     assert run.image is not None
     run.status = Status.PUBLISHING
     slower = [s for s in run.speeds.values() if s.gate.verdict == "regressed"]
-    hold = any(s.check.bench_hold_tags for s in slower)
+    run.held = tuple(s.check.name for s in slower if s.check.bench_hold_tags)
+    hold = bool(run.held)
     # Held: pushed by digest with its documents, no readable tag and not last-good.
     held_plan = dataclasses.replace(run.plan, tags=()) if hold else run.plan
     published = publish.push(
@@ -545,8 +554,25 @@ def nightly(opts: Options, *, table_to_stderr: bool = False) -> list[TargetRun]:
     ):
         ctx = Context(opts, registry, Path(work), m.patch_folders)
         check_disk(ctx, runs)
+        started = datetime.now(UTC)
         run_lane(ctx, runs, TARGET_STAGES)
+        keep(ctx, "nightly", runs, started)
     return runs
+
+
+def keep(ctx: Context, lane: str, runs: list[TargetRun], started: datetime) -> None:
+    """The run kept in the registry beside its images, one record per repository
+    (``sparkbuild.publish.runrecord``); then the report site (``<out>/report``) written from the
+    registry, every night of those repositories in it."""
+    from sparkbuild.publish import runrecord
+    from sparkbuild.report import site
+
+    repositories = list(dict.fromkeys(r.plan.repository for r in runs))
+    with log.step("Recording the run and writing the report"):
+        for repository in repositories:
+            rows = [r.row() for r in runs if r.plan.repository == repository]
+            runrecord.push(ctx.registry, repository, lane=lane, night=ctx.opts.date, started=started, rows=rows, out=ctx.opts.out)
+        site.make(ctx.registry, repositories, ctx.opts.out / "report", ctx.opts.cache)
 
 
 def report(opts: Options, lane: str, runs: list[TargetRun], elapsed: float, *, table_to_stderr: bool, intro: str = "") -> None:
@@ -613,6 +639,10 @@ def checks_json(verified: verify.Verified) -> list[dict[str, object]]:
                 "skipped": verified.skipped.get(name),
                 "error": str(verified.failures[name]).splitlines()[0] if failed else None,
                 "log": str(folder / layout.SERVER_LOG) if failed and folder is not None else None,
+                "kernels": [
+                    {"kind": k.kind, "backends": [b for b, _ in k.found], "ok": k.ok}
+                    for k in (verified.results[name].kernels if name in verified.results else ())
+                ],
             }
         )
     return rows

@@ -11,6 +11,7 @@ import json
 import tempfile
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -165,7 +166,10 @@ def rc(opts: Options, *, dry_run: bool = False, table_to_stderr: bool = False) -
                 ctx = Context(opts, registry, Path(work), m.patch_folders)
                 if not dry_run:
                     pipeline.check_disk(ctx, runs)
+                started = datetime.now(UTC)
                 pipeline.run_lane(ctx, runs, stages, f" at {candidate.tag}")
+                if not dry_run:
+                    pipeline.keep(ctx, "rc", runs, started)
         finally:
             # What was published is remembered whatever stopped the lane.
             if not dry_run:

@@ -33,6 +33,7 @@ ROW_KEYS = (
     "digest",
     "signature",
     "status",
+    "held",
     "failed_at",
     "closure",
     "preflight",

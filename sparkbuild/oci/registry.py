@@ -188,12 +188,14 @@ class Registry:
             raise PublishError(
                 f"registry {self.host}: {what} still gave HTTP {exc.response.status_code} after {tries} tries in "
                 f"{time.monotonic() - start:.0f}s{_errors(exc.response)}; it may be overloaded or out of disk "
-                "(its log says which); rerun later"
+                "(its log says which); rerun later",
+                unreachable=True,
             ) from None
         except requests.RequestException as exc:
             raise PublishError(
                 f"registry {self.host}: {what} failed: {type(exc).__name__}: {str(exc)[:200]}; "
-                "check that it runs and that this machine reaches it, then rerun"
+                "check that it runs and that this machine reaches it, then rerun",
+                unreachable=True,
             ) from None
         return response
 

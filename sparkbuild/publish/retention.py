@@ -25,7 +25,7 @@ from sparkbuild.errors import ConfigError, PublishError
 from sparkbuild.oci import referrers
 from sparkbuild.oci.registry import Registry
 from sparkbuild.plan.matrix import Target
-from sparkbuild.publish import publish
+from sparkbuild.publish import publish, runrecord
 from sparkbuild.util import log, validate
 
 REGISTRY_GC = (
@@ -117,7 +117,9 @@ def plan_gc(registry: Registry, targets: Iterable[Target]) -> list[Decision]:
     for target in targets:
         if target.lane != "nightly":
             continue
-        digests = {tag: registry.digest(target.repository, tag) for tag in registry.tags(target.repository)}
+        # A lane's run records (a year of nights: thousands of tags) never name an image: not asked.
+        tags = [tag for tag in registry.tags(target.repository) if not runrecord.is_run_tag(tag)]
+        digests = {tag: registry.digest(target.repository, tag) for tag in tags}
         pattern = content_tag_re(target)
         images = [
             Image(tag=tag, digest=digest, created=created_at(registry, target.repository, digest))

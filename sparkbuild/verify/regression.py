@@ -234,6 +234,16 @@ def comparable(level: Level, base: Level | None) -> bool:
     return base is not None and base.shape == level.shape
 
 
+def headline_figures(measured: Benchmark) -> list[dict[str, Any]]:
+    """The headline figures of a benchmark, each as one point of a plot over nights (the report's)."""
+    return [
+        {"scenario": level.scenario, "concurrency": level.concurrency, "figure": figure, "value": float(value)}
+        for level in measured.levels
+        for figure in HEADLINE[level.scenario]
+        if (value := getattr(level.figures, figure)) is not None
+    ]
+
+
 def compare(
     current: Benchmark,
     baseline: Benchmark | None,

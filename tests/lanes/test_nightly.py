@@ -144,6 +144,18 @@ def test_inspect_reaches_the_printed_reference_after_the_run_ended(nightly: Nigh
     ]
 
 
+def test_each_nightly_kept_its_run_in_the_registry_and_wrote_the_report(nightly: Nightlies) -> None:
+    # The report reads the registry alone: the embedded one, started again for the call.
+    done = sparkbuild("report", "--profile", "local", "--json", env=nightly.env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (repository,) = json.loads(done.stdout)["repositories"]
+    assert repository["runs"] >= 3 and repository["images"] >= 1 and repository["unreadable"] == []
+    page = (nightly.out / "report" / "index.html").read_text()
+    # The night's cell is its newest run's (the third, which had nothing to do), linked to its image's page.
+    assert f'id="cell-{TARGET}-20261121"' in page and ">up to date</a>" in page
+    assert (nightly.out / "report" / "images" / f"{nightly.third_row['digest'].replace(':', '-')}.html").is_file()
+
+
 def test_the_third_nightly_builds_and_serves_nothing(nightly: Nightlies) -> None:
     assert nightly.third_row["status"] == "up to date"
     assert nightly.third_row["digest"] == nightly.first_row["digest"]

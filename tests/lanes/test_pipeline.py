@@ -214,14 +214,23 @@ def test_a_target_with_several_checks_shows_each_and_fails_naming_each_that_fail
     )
     # A failed check names the server log to read (its folder keeps it, pass or fail).
     assert row["checks"] == [
-        {"check": "alphabet", "ok": True, "skipped": None, "error": None, "log": None},
-        {"check": "moe-alphabet", "ok": True, "skipped": None, "error": None, "log": None},
+        {"check": "alphabet", "ok": True, "skipped": None, "error": None, "log": None, "kernels": []},
+        # The kernel path each check's server chose: what the report shows night by night.
+        {
+            "check": "moe-alphabet",
+            "ok": True,
+            "skipped": None,
+            "error": None,
+            "log": None,
+            "kernels": [{"kind": "moe", "backends": ["CPU"], "ok": True}],
+        },
         {
             "check": "moe-fp8",
             "ok": False,
             "skipped": None,
             "error": "moe-fp8: cannot make the model",
             "log": str(Path("out/t/checks/moe-fp8/server.log")),
+            "kernels": [],
         },
     ]
     assert "check moe-fp8 FAILED: moe-fp8: cannot make the model (log: out/t/checks/moe-fp8/server.log)" in (
@@ -274,6 +283,16 @@ def test_each_benchmarked_check_is_judged_on_its_own_and_the_worst_verdict_is_th
             check=checks[name], measured=measured, baseline=base, gate=gate, table=table, plot=Path(f"{name}.png")
         )
     row = run.row()
+    # What the report plots night by night: the headline figures measured, and each beside its baseline.
+    speeds = row["speed"]
+    assert isinstance(speeds, dict)
+    for check in speeds["checks"]:
+        speed = run.speeds[check["check"]]
+        assert check.pop("measured") == regression.headline_figures(speed.measured)
+        assert check.pop("changes") == [c.to_json() for c in speed.gate.changes]
+    assert {"scenario": "decode", "concurrency": 1, "figure": "tokens_per_s", "value": 240.9431} in (
+        regression.headline_figures(base)
+    )
     assert row["speed"] == {
         "verdict": "regressed",
         "checks": [

@@ -66,7 +66,8 @@ def runner_default(runs_on: str) -> list[str]:
 def test_lanes_fan_out_over_the_arm64_runners_one_run_at_a_time_and_are_never_cancelled(name: str) -> None:
     workflow = load(name)
     jobs = workflow["jobs"]
-    assert list(jobs) == ["plan", "build", "summary"]
+    # The nightly also writes the report site from the registry and hands it to GitHub Pages.
+    assert list(jobs) == ["plan", "build", "summary", *(["report"] if name == "nightly.yml" else [])]
     for job in jobs.values():
         assert set(runner_default(job["runs-on"])) >= {"self-hosted", "Linux", "ARM64"}
     assert workflow["concurrency"]["cancel-in-progress"] is False
@@ -160,8 +161,9 @@ def sparkbuild_commands(name: str, job: str | None = None) -> list[list[str]]:
 def test_every_sparkbuild_command_in_the_lanes_exists_with_its_options(name: str) -> None:
     commands = sparkbuild_commands(name)
     lane = name.removesuffix(".yml")
-    # The nightly's target job runs gc after publishing, for its own target.
-    assert [c[0] for c in commands] == ["resolve", "plan", lane, *(["gc"] if lane == "nightly" else []), "summary"]
+    # The nightly's target job runs gc after publishing, for its own target; its last job writes the report.
+    gc, report = (["gc"], ["report"]) if lane == "nightly" else ([], [])
+    assert [c[0] for c in commands] == ["resolve", "plan", lane, *gc, "summary", *report]
     for command, *args in commands:
         # click parses them as it would on the runner: an unknown option or a bad choice raises.
         cli.commands[command].make_context(command, list(args))
@@ -199,3 +201,16 @@ def test_an_empty_selection_stops_the_plan_job_and_no_empty_matrix_is_started() 
     assert done.code == ConfigError.exit_code and "no target matches --only no-such-target" in done.err
     for name in LANES:
         assert load(name)["jobs"]["build"]["if"] == "needs.plan.outputs.targets != '[]'"
+
+
+def test_the_nightly_publishes_the_report_site_to_github_pages() -> None:
+    job = load("nightly.yml")["jobs"]["report"]
+    assert job["needs"] == ["plan", "build"] and job["if"] == "always() && needs.plan.result == 'success'"
+    # Pages takes a deployment only from a job with these, in the github-pages environment.
+    assert job["permissions"] == {"contents": "read", "pages": "write", "id-token": "write"}
+    assert job["environment"]["name"] == "github-pages"
+    (command,) = sparkbuild_commands("nightly.yml", "report")
+    site = command[command.index("--site") + 1]
+    (upload,) = (s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-pages-artifact@"))
+    assert upload["with"]["path"].rstrip("/") == site
+    assert job["steps"][-1]["uses"].startswith("actions/deploy-pages@") and job["steps"][-1]["id"] == "deployment"
