@@ -67,7 +67,8 @@ def make(registry: Registry, repositories: Sequence[str], dest: Path, cache: Pat
         histories = [history.read(registry, repository, cache, nights) for repository in repositories]
         index = write(histories, registry, dest, cache, nights)
     except PublishError as exc:
-        raise PublishError(f"{exc}. report: nothing written; {dest} is as it was", unreachable=exc.unreachable) from None
+        kept = f"{dest} is as it was" if dest.exists() else f"no site at {dest}"
+        raise PublishError(f"{exc}. report: nothing written; {kept}", unreachable=exc.unreachable) from None
     counts = [
         {"repository": h.repository, "runs": len(h.runs), "images": len(h.images), "unreadable": sorted(h.problems)}
         for h in histories
