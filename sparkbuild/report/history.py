@@ -3,7 +3,8 @@ each readable tag points now, and the documents attached to the images of the ne
 
 The registry is the only store. What is read by digest (a run's manifest and run.json, a document's
 manifest and blob, a log) never changes, so it is kept under the cache by digest and read from the
-registry once: a second report reads the tag list, one manifest per run, and what is new.
+registry once; a run's tag is written once, so the digest it names is kept too. A second report reads
+the tag list, the readable tags, each shown image's referrers, and what is new.
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ NIGHTS = 30
 # Reads in flight at once: the registry answers each small read in milliseconds, so the time goes
 # in waiting, not in work.
 READERS = 8
-# What a row's status makes of its cell.
-PUBLISHED = ("published", "checked", "up to date")
+# The rows' statuses whose cell reads failed (the lane's Status values).
 FAILED = ("failed", "interrupted", "not run")
 
 

@@ -21,13 +21,16 @@ from typing import Any
 
 import jinja2
 
-from sparkbuild.errors import PublishError
+from sparkbuild.errors import ConfigError, PublishError
 from sparkbuild.oci.registry import Registry
 from sparkbuild.publish import inspection
 from sparkbuild.report import history, plots
 from sparkbuild.report.history import NIGHTS, Cell, History, Image, log_text
 from sparkbuild.resources.packaged import resource
 from sparkbuild.util import fsutil, log
+
+# The file that marks a folder as a site the report wrote (and so may replace whole).
+MARK = ".sparkbuild-report"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +66,7 @@ class Made:
 def make(registry: Registry, repositories: Sequence[str], dest: Path, cache: Path, nights: int = NIGHTS) -> Made:
     """Read each repository's history and write the site; a registry that fails past its retries
     stops it with the site at ``dest`` as it was (``PublishError`` saying so)."""
+    check_destination(dest)  # before any read: a folder it must not replace is refused at once
     try:
         histories = [history.read(registry, repository, cache, nights) for repository in repositories]
         index = write(histories, registry, dest, cache, nights)
@@ -76,8 +80,21 @@ def make(registry: Registry, repositories: Sequence[str], dest: Path, cache: Pat
     return Made(index=index, counts=counts)
 
 
+def check_destination(dest: Path) -> Path:
+    """``dest``, absolute, where a site may be written: a folder that does not exist, an empty one, or a
+    site written before (its ``MARK``). Anything else would be replaced whole: refused."""
+    dest = dest.resolve()
+    if dest.exists() and (not dest.is_dir() or (any(dest.iterdir()) and not (dest / MARK).is_file())):
+        raise ConfigError(
+            f"--site {dest}: exists and is not a site sparkbuild report wrote (no {MARK} in it), and the report "
+            "replaces its folder whole; name a new or empty folder"
+        )
+    return dest
+
+
 def write(histories: Sequence[History], registry: Registry, dest: Path, cache: Path, nights: int = NIGHTS) -> Path:
     """The site for ``histories`` at ``dest`` (replaced whole); its index page."""
+    dest = check_destination(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     work = dest.with_name(f".{dest.name}-new-{os.getpid()}")
     shutil.rmtree(work, ignore_errors=True)  # a run killed before it moved its site in
@@ -88,6 +105,7 @@ def write(histories: Sequence[History], registry: Registry, dest: Path, cache: P
         generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
         index = env.get_template("report-index.html.j2").render(pages=pages, generated=generated, short=_short)
         fsutil.write_text(work / "index.html", index)
+        fsutil.write_text(work / MARK, "written by sparkbuild report; the next report replaces this folder whole\n")
         for history in histories:
             for image in history.images.values():
                 _image_page(env, history, image, work)

@@ -265,3 +265,14 @@ def test_a_registry_out_of_reach_is_one_clear_error_and_no_site(nights: Site, tm
     assert f"registry {gone.host}" in last and "ConnectionError" in last
     assert last.endswith(f"report: nothing written; no site at {tmp_path / 'site'}")
     assert not (tmp_path / "site").exists()
+
+
+def test_a_site_folder_that_holds_something_else_is_refused_before_any_read(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / "work").mkdir(parents=True)
+    (home / "notes.txt").write_text("mine\n")
+    done = sparkbuild("report", "--repository", "team/vllm", "--registry", "127.0.0.1:9", "--site", home)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"--site {home}: exists and is not a site sparkbuild report wrote" in done.stderr
+    assert "GET" not in done.stderr  # refused before the registry is asked anything
+    assert (home / "notes.txt").read_text() == "mine\n" and (home / "work").is_dir()
