@@ -109,12 +109,21 @@ def write(histories: Sequence[History], registry: Registry, dest: Path, cache: P
         for history in histories:
             for image in history.images.values():
                 _image_page(env, history, image, work)
+        _readable(work)
         _swap(work, dest)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
     log.info(f"report: {dest / 'index.html'}")
     return dest / "index.html"
+
+
+def _readable(site: Path) -> None:
+    """Every file readable by all, every folder listable: a web server reads the site as another user, and
+    the files were made private (fsutil writes through mkstemp, whose files are 0600)."""
+    site.chmod(0o755)
+    for path in site.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
 
 
 def _swap(work: Path, dest: Path) -> None:

@@ -163,6 +163,8 @@ def opened(browser: Browser, path: Path) -> Page:
 def test_the_report_says_what_it_read(nights: Site) -> None:
     said = json.loads(nights.out.stdout)
     assert said["index"] == str(nights.index)
+    # A web server reads the site as another user.
+    assert all(f.stat().st_mode & 0o044 == 0o044 for f in nights.index.parent.rglob("*") if f.is_file())
     (repo,) = said["repositories"]
     assert repo == {"repository": nights.repository, "runs": 5, "images": 4, "unreadable": [BAD_RUN]}
 
