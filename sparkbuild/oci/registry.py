@@ -279,6 +279,19 @@ class Registry:
             raise PublishError(f"registry {self.host}: {what} answered without a sha256 Docker-Content-Digest header")
         return digest
 
+    def tagged(self, repository: str, tag: str) -> tuple[str, bytes] | None:
+        """The manifest ``tag`` names, and its digest (the sha256 of the bytes served), in one GET where
+        ``digest`` and ``manifest`` take two; None when the tag does not exist (404)."""
+        what = f"GET {repository}:{tag}"
+        response = self._request(
+            "GET", f"{self.base_url}/{repository}/manifests/{tag}", what, headers={"Accept": ", ".join(MANIFEST_TYPES)}
+        )
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise self._refused(response, what)
+        return "sha256:" + hashlib.sha256(response.content).hexdigest(), response.content
+
     def manifest(self, repository: str, digest: str) -> tuple[bytes, str]:
         """A manifest by digest, checked against that digest."""
         what = f"GET {repository}@{digest}"

@@ -39,13 +39,20 @@ class CachedRegistry(Registry):
     store: Path = Path()
 
     def manifest(self, repository: str, digest: str) -> tuple[bytes, str]:
-        path = self.store / "manifests" / digest.replace(":", "-")
+        path = self._manifest_path(digest)
         if path.is_file():
             body = path.read_bytes()
             return body, str(json.loads(body).get("mediaType") or MANIFEST_TYPES[-1])
         body, media_type = super().manifest(repository, digest)
-        fsutil.write_bytes(path, body)
+        self.keep_manifest(digest, body)
         return body, media_type
+
+    def keep_manifest(self, digest: str, body: bytes) -> None:
+        """Keep a manifest read by other means (``tagged``), under the digest of its bytes."""
+        fsutil.write_bytes(self._manifest_path(digest), body)
+
+    def _manifest_path(self, digest: str) -> Path:
+        return self.store / "manifests" / digest.replace(":", "-")
 
     def blob(self, repository: str, digest: str) -> bytes:
         path = self.store / "blobs" / digest.replace(":", "-")
@@ -163,10 +170,9 @@ def _read_run(registry: CachedRegistry, repository: str, tag: str) -> runrecord.
     """The run ``tag`` names; why it cannot be read; or None where the tag went since the listing."""
     where = f"{registry.host}/{repository}:{tag}"
     try:
-        digest = _run_digest(registry, repository, tag)
-        if digest is None:
+        body = _run_manifest(registry, repository, tag)
+        if body is None:
             return None  # removed between the listing and now (retention)
-        body, _ = registry.manifest(repository, digest)
         first = runrecord.manifest_layers(body, where)[0]
         return runrecord.parse(tag, registry.blob(repository, str(first["digest"])), where)
     except PublishError as exc:
@@ -175,16 +181,20 @@ def _read_run(registry: CachedRegistry, repository: str, tag: str) -> runrecord.
         return str(exc)  # this run's own manifest or run.json: missing or malformed
 
 
-def _run_digest(registry: CachedRegistry, repository: str, tag: str) -> str | None:
-    """The digest a run's tag names. A run's tag is written once (its name holds the run's start to
-    the microsecond) and never moved, so what it named is kept: a second report asks only for new ones."""
+def _run_manifest(registry: CachedRegistry, repository: str, tag: str) -> bytes | None:
+    """The manifest a run's tag names. A run's tag is written once (its name holds the run's start to
+    the microsecond) and never moved, so the digest it named is kept with the manifest: a second report
+    asks the registry only for new runs."""
     kept = registry.store / "runs" / registry.host.replace(":", "_") / repository / tag
     if kept.is_file():
-        return kept.read_text()
-    digest = registry.digest(repository, tag)
-    if digest is not None:
-        fsutil.write_text(kept, digest)
-    return digest
+        return registry.manifest(repository, kept.read_text())[0]
+    found = registry.tagged(repository, tag)
+    if found is None:
+        return None
+    digest, body = found
+    registry.keep_manifest(digest, body)
+    fsutil.write_text(kept, digest)
+    return body
 
 
 def _pointers(registry: Registry, repository: str, history: History, target: str) -> dict[str, str | None]:
