@@ -264,16 +264,25 @@ class Registry:
         except requests.RequestException:
             return False
 
-    def digest(self, repository: str, reference: str) -> str | None:
-        """The manifest digest behind a tag, or None when the tag does not exist (404)."""
-        what = f"HEAD {repository}:{reference}"
-        response = self._request(
-            "HEAD", f"{self.base_url}/{repository}/manifests/{reference}", what, headers={"Accept": ", ".join(MANIFEST_TYPES)}
-        )
-        if response.status_code == 404:
+    def _manifest_call(
+        self, method: str, repository: str, reference: str, what: str, *, missing_ok: bool
+    ) -> requests.Response | None:
+        """``method`` on the manifest ``reference`` (a tag or a digest), accepting every manifest type;
+        None for a 404 where ``missing_ok``, a refusal raised for anything else but 200."""
+        url = f"{self.base_url}/{repository}/manifests/{reference}"
+        response = self._request(method, url, what, headers={"Accept": ", ".join(MANIFEST_TYPES)})
+        if response.status_code == 404 and missing_ok:
             return None
         if response.status_code != 200:
             raise self._refused(response, what)
+        return response
+
+    def digest(self, repository: str, reference: str) -> str | None:
+        """The manifest digest behind a tag, or None when the tag does not exist (404)."""
+        what = f"HEAD {repository}:{reference}"
+        response = self._manifest_call("HEAD", repository, reference, what, missing_ok=True)
+        if response is None:
+            return None
         digest = response.headers.get("Docker-Content-Digest", "")
         if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
             raise PublishError(f"registry {self.host}: {what} answered without a sha256 Docker-Content-Digest header")
@@ -282,24 +291,16 @@ class Registry:
     def tagged(self, repository: str, tag: str) -> tuple[str, bytes] | None:
         """The manifest ``tag`` names, and its digest (the sha256 of the bytes served), in one GET where
         ``digest`` and ``manifest`` take two; None when the tag does not exist (404)."""
-        what = f"GET {repository}:{tag}"
-        response = self._request(
-            "GET", f"{self.base_url}/{repository}/manifests/{tag}", what, headers={"Accept": ", ".join(MANIFEST_TYPES)}
-        )
-        if response.status_code == 404:
+        response = self._manifest_call("GET", repository, tag, f"GET {repository}:{tag}", missing_ok=True)
+        if response is None:
             return None
-        if response.status_code != 200:
-            raise self._refused(response, what)
         return "sha256:" + hashlib.sha256(response.content).hexdigest(), response.content
 
     def manifest(self, repository: str, digest: str) -> tuple[bytes, str]:
         """A manifest by digest, checked against that digest."""
         what = f"GET {repository}@{digest}"
-        response = self._request(
-            "GET", f"{self.base_url}/{repository}/manifests/{digest}", what, headers={"Accept": ", ".join(MANIFEST_TYPES)}
-        )
-        if response.status_code != 200:
-            raise self._refused(response, what)
+        response = self._manifest_call("GET", repository, digest, what, missing_ok=False)
+        assert response is not None  # a 404 was raised as a refusal
         body = response.content
         actual = "sha256:" + hashlib.sha256(body).hexdigest()
         if actual != digest:

@@ -75,7 +75,6 @@ class Cell:
     night: str
     target: str
     run: str
-    lane: str
     row: dict[str, Any]
     # Each log kept for it (``error.log``, ``checks/<check>/server.log``) -> its digest in the registry.
     logs: dict[str, str]
@@ -112,6 +111,7 @@ class History:
 
     registry: str
     repository: str
+    # Oldest first.
     runs: list[runrecord.Run] = field(default_factory=list)
     # A run tag that could not be read -> why (its night's column says so).
     problems: dict[str, str] = field(default_factory=dict)
@@ -152,11 +152,10 @@ def read(registry: Registry, repository: str, cache: Path, nights: int = NIGHTS)
                 history.runs.append(found)
             elif found is not None:
                 history.problems[tag] = found
-    for run in sorted(history.runs, key=lambda r: r.started):  # a later run of a night wins its cells
+    history.runs.sort(key=lambda r: r.started)
+    for run in history.runs:  # a later run of a night wins its cells
         for row in run.rows:
-            cell = Cell(
-                night=run.night, target=row["target"], run=run.tag, lane=run.lane, row=row, logs=run.logs.get(row["target"], {})
-            )
+            cell = Cell(night=run.night, target=row["target"], run=run.tag, row=row, logs=run.logs.get(row["target"], {}))
             history.cells[(run.night, cell.target)] = cell
     history.pointers = {target: _pointers(registry, repository, history, target) for target in history.targets}
     shown = {cell.digest: cell for cell in _newest(history, nights) if cell.digest is not None}

@@ -25,6 +25,9 @@ from sparkbuild.util import fsutil
 NIGHT_HALF = timedelta(hours=8)
 # Small multiples: one panel per figure and level, this many side by side.
 COLUMNS = 4
+# The benchmark's own scenarios and labels (sparkbuild.verify.benchmark.SCENARIOS, benchreport.PLOTS),
+# restated: a nightly with nothing to build writes the report, and must not load the verify stage to do
+# it (tests/lanes/test_nightly.py holds it to that).
 SCENARIOS = ("decode", "prefill", "queueing")
 LABELS = {
     "tokens_per_s_per_request": "output tok/s per request",

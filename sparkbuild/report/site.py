@@ -234,7 +234,7 @@ def _patches(history: History) -> tuple[dict[str, dict[str, str]], list[str]]:
     """Each patch's newest status per vLLM version (an rc's version marked so), and those versions."""
     status: dict[str, dict[str, str]] = {}
     order: dict[str, str] = {}
-    for run in sorted(history.runs, key=lambda r: r.started):
+    for run in history.runs:
         for row in run.rows:
             version = f"{row.get('vllm')}{' (rc)' if run.lane == 'rc' else ''}"
             order.setdefault(version, run.started)

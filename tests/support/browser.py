@@ -5,13 +5,12 @@ failure, never a silent pass."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.support import ROOT
+from tests.support import setup_script
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser
@@ -20,13 +19,10 @@ if TYPE_CHECKING:
 @pytest.fixture(scope="session")
 def chromium() -> str:
     """The path of a chromium executable, or the test skips saying why."""
-    args = [str(ROOT / "scripts" / "browser")]
-    print("+", *args)
-    done = subprocess.run(args, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        said = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-        pytest.skip(f"no browser for the page tests: {' '.join(args)}: {said}")
-    return done.stdout.strip().splitlines()[-1]
+    ran, said = setup_script("browser")
+    if not ran:
+        pytest.skip(f"no browser for the page tests: {said}")
+    return said
 
 
 @pytest.fixture

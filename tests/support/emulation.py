@@ -6,12 +6,10 @@ a silent pass."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 from sparkbuild.util import host
-from tests.support import ROOT
+from tests.support import setup_script
 
 ARM64 = "linux/arm64"
 
@@ -19,12 +17,9 @@ ARM64 = "linux/arm64"
 def _ready() -> tuple[bool, str]:
     """Run ``scripts/emulation``, then ask the same question ``doctor`` asks."""
     if host.host_platform() != ARM64:
-        args = [str(ROOT / "scripts" / "emulation")]
-        print("+", *args)
-        done = subprocess.run(args, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            said = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-            return False, f"linux/arm64 cannot run on this host: {' '.join(args)}: {said}"
+        ran, said = setup_script("emulation")
+        if not ran:
+            return False, f"linux/arm64 cannot run on this host: {said}"
     return host.can_run(ARM64)
 
 
