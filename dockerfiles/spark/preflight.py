@@ -28,6 +28,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 GCC_MIN = re.compile(r'CMAKE_CXX_COMPILER_VERSION\s+VERSION_LESS\s+"([\d.]+)"')
@@ -205,27 +206,62 @@ def patched_units(commands: list, source: pathlib.Path, changed: set) -> list:
     return units
 
 
-def compile_unit(entry: dict, out: pathlib.Path, index: int, reached: list) -> dict:
+def compile_unit(entry: dict, out: pathlib.Path, index: int, reached: list, measured: bool = False) -> dict:
     args = entry_args(entry)
     if "-o" not in args:
         return {"file": entry["file"], "ok": False, "error": "no -o in its compile command", "reaches": reached}
     obj = out / "objects" / f"{index:03d}-{pathlib.Path(entry['file']).name}.o"
     obj.parent.mkdir(parents=True, exist_ok=True)
     args[args.index("-o") + 1] = str(obj)
-    launcher = ["ccache"] if shutil.which("ccache") else []
+    # A measured unit is compiled whatever ccache holds: a cache hit runs no compiler to measure.
+    launcher = ["ccache"] if shutil.which("ccache") and not measured else []
     start = time.monotonic()
-    done = subprocess.run(launcher + args, cwd=entry["directory"], capture_output=True, text=True, check=False)
+    returncode, output, peak_mb = run_measured(launcher + args, pathlib.Path(entry["directory"]))
     result = {
         "file": entry["file"],
-        "object": str(obj.relative_to(out)) if done.returncode == 0 else None,
-        "ok": done.returncode == 0,
+        "object": str(obj.relative_to(out)) if returncode == 0 else None,
+        "ok": returncode == 0,
         "seconds": round(time.monotonic() - start, 1),
+        "peak_rss_mb": peak_mb,
         "reaches": reached,
     }
-    if done.returncode != 0:
-        result["error"] = (done.stderr or done.stdout)[-3000:]
-    print("  {} {} ({:.0f}s)".format("ok  " if result["ok"] else "FAIL", entry["file"], result["seconds"]), flush=True)
+    if measured:
+        result["measured"] = True
+    if returncode != 0:
+        result["error"] = output[-3000:]
+    state = "ok  " if result["ok"] else "FAIL"
+    print("  {} {} ({:.0f}s, {} MB)".format(state, entry["file"], result["seconds"], peak_mb), flush=True)
     return result
+
+
+def run_measured(args: list, cwd: pathlib.Path) -> tuple:
+    """(exit status, output, the largest resident set of the process and every process it waited for, MB).
+
+    The kernel gives that peak for one child tree through wait4(), so compiles run side by side are
+    each measured apart (nvcc waits for its cicc and ptxas, ccache for nvcc)."""
+    with tempfile.TemporaryFile() as sink:
+        proc = subprocess.Popen(args, cwd=cwd, stdout=sink, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+        sink.seek(0)
+        output = sink.read().decode(errors="replace")
+    return proc.returncode, output, round(usage.ru_maxrss / 1024)
+
+
+# A regular expression over the configured units' paths: each unit it finds is compiled as well and
+# its memory measured (bench/compile_memory.py sets it through the build argument of the same name).
+MEASURE = "SPARKBUILD_PREFLIGHT_MEASURE"
+
+
+def measured_units(commands: list, already: set) -> list:
+    """The configured CUDA units the measure pattern finds, less those compiled or never built anyway."""
+    pattern = os.environ.get(MEASURE, "")
+    if not pattern:
+        return []
+    found = [e for e in commands if e["file"].endswith(".cu") and re.search(pattern, e["file"]) and e["file"] not in already]
+    if not found:
+        sys.exit(f"preflight: {MEASURE}={pattern!r} finds no configured CUDA unit that the compile builds")
+    return found
 
 
 def src_dirs() -> dict:
@@ -270,12 +306,17 @@ def main() -> None:
     print(f"preflight: setup.py builds {', '.join(targets)}; {len(skipped)} configured unit(s) none of them needs", flush=True)
     changed = changed_files(args.source)
     units = patched_units(commands, args.source.resolve(), changed)
+    extra = measured_units(commands, {e["file"] for e, _ in units} | set(skipped))
     # As many at once as the compile will run: vLLM's MAX_JOBS // NVCC_THREADS.
     workers = max(1, int(os.environ.get("MAX_JOBS", "1")) // int(os.environ.get("NVCC_THREADS", "1")))
     print(f"preflight: {len(units)} CUDA units include a patched file; compiling them, {workers} at once", flush=True)
+    if extra:
+        print(f"preflight: and {len(extra)} unit(s) {MEASURE} names, compiled without ccache to measure them", flush=True)
+    jobs = [(e, reached, False) for e, reached in units] + [(e, [], True) for e in extra]
     start = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        compiled = list(pool.map(lambda item: compile_unit(item[1][0], args.out, item[0], item[1][1]), enumerate(units)))
+        futures = [pool.submit(compile_unit, e, args.out, i, reached, measured) for i, (e, reached, measured) in enumerate(jobs)]
+        compiled = [f.result() for f in futures]
     report = {
         # The largest resident set of any compiler process (cicc, ptxas, ...) these compiles ran:
         # what the plan's memory per nvcc thread is checked against (a ccache hit runs no compiler).
@@ -296,7 +337,7 @@ def main() -> None:
     # The image's copy: the same without what this build measured (times, the compilers' peak memory),
     # which differ between two builds of the same inputs (`sparkbuild reproduce` found peak_rss_mb so).
     record = {k: v for k, v in report.items() if k not in MEASURED}
-    record["compiled"] = [{k: v for k, v in unit.items() if k != "seconds"} for unit in compiled]
+    record["compiled"] = [{k: v for k, v in unit.items() if k not in ("seconds", "peak_rss_mb")} for unit in compiled]
     (args.out / "record.json").write_text(json.dumps(record, indent=2) + "\n")
 
 

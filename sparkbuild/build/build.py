@@ -196,9 +196,10 @@ def preflighted_stage(plan: TargetPlan) -> StagePlan | None:
     return next((s for s in plan.stages if f" AS {PREFLIGHT_TARGET}" in s.rendered.dockerfile), None)
 
 
-def run_preflight(engine: Engine, plan: TargetPlan, opts: Options) -> preflight.Report:
+def run_preflight(engine: Engine, plan: TargetPlan, opts: Options, measure: str = "") -> preflight.Report:
     """Build the vLLM stage up to its preflight target, export what it found, audit it (``require()``
-    on the report raises on a failure, naming the units)."""
+    on the report raises on a failure, naming the units). ``measure``: a regular expression naming
+    configured units to compile too, each measured (bench/compile_memory.py)."""
     stage = preflighted_stage(plan)
     if stage is None:
         raise ConfigError(f"{plan.id}: no stage of profile '{plan.target.profile}' has a {PREFLIGHT_TARGET} target")
@@ -213,7 +214,7 @@ def run_preflight(engine: Engine, plan: TargetPlan, opts: Options) -> preflight.
             tag=f"{stage.ref}-preflight",
             platform=plan.target.platform,
             labels={},
-            build_args=plan.build_args(),
+            build_args={**plan.build_args(), **({"SPARKBUILD_PREFLIGHT_MEASURE": measure} if measure else {})},
             secrets=_secrets(opts, plan),
             log_file=opts.out / plan.id / "build-preflight.log",
             target=PREFLIGHT_TARGET,

@@ -124,12 +124,18 @@ class Compiled:
     error: str = ""
     # The files the patch set changed that this unit is or includes.
     reaches: tuple[str, ...] = ()
+    # The largest compiler process of this unit's compile, MB (a ccache hit: ccache's own).
+    peak_rss_mb: int = 0
+    # Compiled to be measured (SPARKBUILD_PREFLIGHT_MEASURE), not because a patch reaches it.
+    measured: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
             "file": self.file,
             "ok": self.ok,
             "seconds": self.seconds,
+            "peak_rss_mb": self.peak_rss_mb,
+            "measured": self.measured,
             "codes": [c.label() for c in self.codes],
             "runs_on_device": self.runs,
             "error": self.error,
@@ -184,7 +190,10 @@ class Report:
             text += f", {c['other-gpu']} for other GPUs"
         if c["not-built"]:
             text += f", {c['not-built']} not built"
-        text += f"; {len(self.compiled) - len(self.failing_compiles)}/{len(self.compiled)} patched ok"
+        patched = [c for c in self.compiled if not c.measured]
+        text += f"; {sum(c not in self.failing_compiles for c in patched)}/{len(patched)} patched ok"
+        if len(patched) < len(self.compiled):
+            text += f"; {len(self.compiled) - len(patched)} measured"
         if self.uncompiled_changes:
             text += f"; {len(self.uncompiled_changes)} patched CUDA file(s) compiled by no unit"
         if self.stubbed:
@@ -213,7 +222,9 @@ class Report:
             lines.append(f"  {library}: {n} unit(s) configured, not built (no extension vLLM's setup.py builds needs them)")
         for c in self.compiled:
             state = "ok" if c.ok and c.runs is not False else "FAILED"
-            lines.append(f"  patched unit {state}: {c.file} ({c.seconds:.0f}s) [{', '.join(x.label() for x in c.codes)}]")
+            memory = f", {c.peak_rss_mb} MB" if c.peak_rss_mb else ""
+            kind = "measured" if c.measured else "patched"
+            lines.append(f"  {kind} unit {state}: {c.file} ({c.seconds:.0f}s{memory}) [{', '.join(x.label() for x in c.codes)}]")
             if c.error:
                 lines.append("    " + c.error.strip().splitlines()[-1][:300])
         for f in self.uncompiled_changes:
@@ -296,6 +307,8 @@ def read(folder: Path, target: str, gpu: str) -> Report:
                 runs=runs,
                 error=str(entry.get("error", "")),
                 reaches=tuple(entry.get("reaches", ())),
+                peak_rss_mb=int(entry.get("peak_rss_mb", 0)),
+                measured=bool(entry.get("measured", False)),
             )
         )
     return Report(

@@ -14,11 +14,27 @@ from sparkbuild.errors import ConfigError
 from sparkbuild.plan.matrix import BuildJobs
 
 GIB = 1024**3
-# Peak resident memory of one nvcc process compiling one gencode target of vLLM's heaviest units
-# (CUTLASS grouped GEMMs, FlashAttention), with headroom (docs/spark.md, build jobs).
-GB_PER_NVCC_THREAD = 5
+# The peak memory of vLLM's heaviest CUDA units, one nvcc compile each (its cicc, ptxas and host
+# compiler), GiB, largest first: vLLM 0.33.0's CUTLASS GEMMs (3.x for SM120, and 2.x) compiled for
+# 12.1a with CUDA 13.0 and GCC 14, measured by bench/compile_memory.py
+# (bench/results/compile-memory.json; docs/spark.md, build jobs). ninja may start any of them beside
+# any other, so the plan sizes its compiles for the worst case: the heaviest ones all at once.
+HEAVY_UNITS_GB = (8.9, 7.4, 7.0, 5.6, 5.4)
+# Every other unit, GiB: the largest measured outside those GEMMs is 0.7 (Mamba's selective scan);
+# flash-attention's units are not measured here (stand-ins in the rehearsal), hence the room.
+OTHER_UNIT_GB = 2.0
+# Room above the measured peaks: another CUTLASS or CUDA release, and on the Spark's unified memory
+# whatever the GPU side takes after the plan read MemAvailable.
+MARGIN = 1.25
 # Memory left to the OS, the engine and the linker.
 RESERVED_GB = 8
+
+
+def worst_case_gb(compiles: int, threads: int) -> float:
+    """The memory ``compiles`` parallel compiles of ``threads`` nvcc threads each can need at once:
+    the heaviest units together, with the margin."""
+    peaks = [*HEAVY_UNITS_GB, *[OTHER_UNIT_GB] * max(0, compiles - len(HEAVY_UNITS_GB))][:compiles]
+    return MARGIN * threads * sum(peaks)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,22 +62,22 @@ def build_jobs(free_memory: int, cores: int, arch_list: str = "12.1a", override:
     """Parallel compiles sized to memory and cores, in vLLM's own terms.
 
     nvcc's ``--threads`` compiles a unit's gencode targets in parallel, so a single-arch list gains
-    nothing from it: one thread per compile, and every core a compile of its own. Each nvcc thread
-    is given ``GB_PER_NVCC_THREAD`` of free memory. vLLM divides ``MAX_JOBS`` by ``NVCC_THREADS``,
-    so ``MAX_JOBS`` is compiles x threads. The matrix may set either value (``build_jobs:``); vLLM's
-    division then applies to what it set.
+    nothing from it: one thread per compile, and every core a compile of its own, as many as fit in
+    free memory less ``RESERVED_GB`` when the heaviest units run at once (``worst_case_gb``).
+    vLLM divides ``MAX_JOBS`` by ``NVCC_THREADS``, so ``MAX_JOBS`` is compiles x threads. The matrix
+    may set either value (``build_jobs:``); vLLM's division then applies to what it set.
     """
     override = override or BuildJobs()
     threads = override.nvcc_threads or min(arch_count(arch_list), 4)
-    slots = max(1, (free_memory // GIB - RESERVED_GB) // GB_PER_NVCC_THREAD)
+    room = free_memory / GIB - RESERVED_GB
     if override.max_jobs:
         max_jobs = override.max_jobs
         compiles = max(1, max_jobs // threads)
     else:
-        compiles = max(1, min(cores // threads, slots // threads))
+        compiles = max([1, *(k for k in range(1, cores // threads + 1) if worst_case_gb(k, threads) <= room)])
         max_jobs = compiles * threads
-    why = f"{free_memory / GIB:.0f} GiB free, {cores} cores, {GB_PER_NVCC_THREAD} GB per nvcc thread"
-    why += f", {arch_count(arch_list)} arch(s)"
+    why = f"{free_memory / GIB:.0f} GiB free, {cores} cores, {worst_case_gb(compiles, threads):.0f} GB at worst"
+    why += f" (the heaviest units at once, measured peaks x {MARGIN}), {arch_count(arch_list)} arch(s)"
     if override.max_jobs or override.nvcc_threads:
         why += "; set in the matrix (build_jobs)"
     return Jobs(max_jobs=max_jobs, nvcc_threads=threads, compiles=compiles, why=why)

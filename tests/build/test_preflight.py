@@ -3,9 +3,12 @@ Spark's GPU (sm_121) by check-binary's rule. The real configure runs in tests/la
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -160,3 +163,42 @@ def test_a_unit_no_target_of_setup_py_needs_is_not_built_and_not_judged() -> Non
     assert report.ok and report.cell().startswith("4 units: 1 sass, 0 ptx-only, 0 none, 3 not built;")
     text = report.text()
     assert "_vllm_fa3_C: 2 unit(s) configured, not built (no extension vLLM's setup.py builds needs them)" in text
+
+
+def preflight_script() -> ModuleType:
+    """The build stage's preflight.py (stdlib only), loaded as a module."""
+    spec = importlib.util.spec_from_file_location("stage_preflight", ROOT / "dockerfiles" / "spark" / "preflight.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_compile_is_measured_apart_through_its_whole_process_tree(tmp_path: Path) -> None:
+    """nvcc's memory is its children's (cicc, ptxas): a shell that runs a Python which touches 300 MB
+    is measured at 300 MB, and a second compile beside it at its own small figure."""
+    script = preflight_script()
+    heavy = [
+        "sh",
+        "-c",
+        f"{sys.executable} -c 'b = bytearray(300 * 2**20); b[::4096] = bytes(len(b[::4096]))'; echo compiled",
+    ]
+    light = ["sh", "-c", "echo light; exit 3"]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        big, small = pool.map(lambda args: script.run_measured(args, tmp_path), [heavy, light])
+    assert big[0] == 0 and big[1] == "compiled\n" and 300 <= big[2] < 400
+    assert small[0] == 3 and small[1] == "light\n" and small[2] < 100
+
+
+def test_the_measure_pattern_adds_configured_units_and_refuses_one_that_finds_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    script = preflight_script()
+    commands = [{"file": f"/src/vllm/csrc/{name}"} for name in ("a_sm120.cu", "b.cu", "c_sm120.cu", "d.cpp")]
+    monkeypatch.delenv("SPARKBUILD_PREFLIGHT_MEASURE", raising=False)
+    assert script.measured_units(commands, set()) == []
+    monkeypatch.setenv("SPARKBUILD_PREFLIGHT_MEASURE", r"_sm120\.cu$")
+    # A unit already compiled (patched) or never built is not compiled twice.
+    found = script.measured_units(commands, {"/src/vllm/csrc/a_sm120.cu"})
+    assert [e["file"] for e in found] == ["/src/vllm/csrc/c_sm120.cu"]
+    monkeypatch.setenv("SPARKBUILD_PREFLIGHT_MEASURE", r"flash_fwd")
+    with pytest.raises(SystemExit, match="finds no configured CUDA unit"):
+        script.measured_units(commands, set())
