@@ -23,7 +23,7 @@ from sparkbuild.build import base_image, binaries, buildcache, preflight
 from sparkbuild.config.options import Options
 from sparkbuild.errors import BuildError, ConfigError, SourceError
 from sparkbuild.oci import push
-from sparkbuild.oci.engine import Engine
+from sparkbuild.oci.engine import Bound, Engine
 from sparkbuild.oci.registry import Registry
 from sparkbuild.plan import render
 from sparkbuild.plan.plan import STAGE_REPOSITORY, StagePlan, TargetPlan, base_platform, bases
@@ -219,10 +219,17 @@ def run_preflight(engine: Engine, plan: TargetPlan, opts: Options, measure: str 
             log_file=opts.out / plan.id / "build-preflight.log",
             target=PREFLIGHT_TARGET,
             output=folder,
+            bound=bound(plan),
         )
     report = preflight.read(folder, plan.id, plan.target.gpu)
     preflight.save(report, folder)
     return report
+
+
+def bound(plan: TargetPlan) -> Bound:
+    """How long each of the target's stage builds may take (the matrix's ``build_timeout_minutes``)."""
+    minutes = plan.target.build_timeout_minutes
+    return Bound(minutes * 60, f"build_timeout_minutes: {minutes} for {plan.id}, {plan.target.where}")
 
 
 def _secrets(opts: Options, plan: TargetPlan) -> dict[str, Path]:
@@ -279,6 +286,7 @@ def build_stage(
                 cache=cache_flags(engine, opts, registry, plan, stage),
                 no_cache=apart is not None,
                 hosts=apart.hosts if apart is not None else {},
+                bound=bound(plan),
             )
         except BuildError as exc:
             mismatch = wheel_mismatch(log_file)

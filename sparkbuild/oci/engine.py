@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -36,7 +37,7 @@ from docker.models.containers import Container as SdkContainer
 from sparkbuild.config import options
 from sparkbuild.errors import BuildError, EngineError
 from sparkbuild.oci.buildkit import BuildCli, find_build_cli
-from sparkbuild.util import cmd, log, signals
+from sparkbuild.util import cmd, host, log, signals
 
 ENGINE_HELP = (
     "start a Docker engine (on Debian: apt-get install docker.io, then "
@@ -326,12 +327,15 @@ class Engine:
         cache: Sequence[str] = (),
         no_cache: bool = False,
         hosts: Mapping[str, str] = {},
+        bound: Bound | None = None,
     ) -> str:
         """Build ``context/Dockerfile`` with BuildKit; returns the image id (``tag``), or with ``output``
         writes the target's files there instead of making an image. ``cache``: the build cache's
         flags (``buildcache.flags``); ``no_cache``: every step run anew (``--no-cache``: BuildKit's
         layer cache is not read, and each cache mount is a new empty one); ``hosts``: name -> address
-        in /etc/hosts of each RUN step (``--add-host``; not in the image). Output goes to the log too."""
+        in /etc/hosts of each RUN step (``--add-host``; not in the image); ``bound``: how long the
+        build may take before it is stopped, naming the steps still running (an emulated step that
+        hangs would otherwise hold the runner until its job's own limit). Output goes to the log too."""
         args: list[str] = [*self.cli.prefix, "--progress", "plain", "--network", "host", "--platform", platform]
         if no_cache:
             args.append("--no-cache")
@@ -356,11 +360,13 @@ class Engine:
         log.info(cmd.show(args, env))
         log_file.parent.mkdir(parents=True, exist_ok=True)
         tail: list[str] = []
+        steps = Steps()
         with (
             log_file.open("w", encoding="utf-8") as sink,
             subprocess.Popen(
                 args, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
             ) as proc,
+            _stopped_after(proc, bound, steps) as stopped,
         ):
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -368,7 +374,10 @@ class Engine:
                 # Progress goes to stderr with every other log line: stdout is kept for results (--json).
                 print(line, end="", file=sys.stderr, flush=True)
                 tail = [*tail[-29:], line]
+                steps.read(line)
             code = proc.wait()
+        if stopped.is_set() and bound is not None:
+            raise BuildError(bound.exceeded(tag, platform, steps.running(), log_file))
         if code != 0:
             raise BuildError(f"build of {tag} failed (exit {code}); last lines:\n{''.join(tail)}full log: {log_file}")
         return str(output) if output is not None else str(self.inspect(tag)["Id"])
@@ -758,3 +767,87 @@ def _single_file(buffer: IO[bytes]) -> bytes | None:
         member = tar.next()
         data = tar.extractfile(member) if member is not None and member.isfile() else None
         return None if data is None else data.read()
+
+
+@dataclass(frozen=True)
+class Bound:
+    """How long one build may take, and where that was set (named in the error)."""
+
+    seconds: float
+    where: str
+
+    def exceeded(self, tag: str, platform: str, running: list[tuple[str, float]], log_file: Path) -> str:
+        how = f"{platform}, emulated" if host.emulated(platform) else platform
+        lines = [f"  {name} (for {_duration(elapsed)})" for name, elapsed in running] or ["  (no step had started)"]
+        return (
+            f"build of {tag} ({how}) stopped after {_duration(self.seconds)}, its bound ({self.where}); "
+            "still running then:\n" + "\n".join(lines) + f"\nIf a step's output in {log_file} stopped, it "
+            "hangs and will hang again: fix it; if the build is only slow, raise the bound there."
+        )
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
+
+
+class Steps:
+    """The steps of BuildKit's plain progress that started and have not ended: ``#5 [2/3] RUN ...``
+    starts step 5; ``#5 DONE 0.6s``, ``#5 CACHED``, ``#5 ERROR ...`` or ``#5 CANCELED`` ends it."""
+
+    _START = re.compile(r"^#(\d+) (\[.+)$")
+    _END = re.compile(r"^#(\d+) (DONE|CACHED|ERROR|CANCELED)\b")
+
+    def __init__(self) -> None:
+        self._open: dict[str, tuple[str, float]] = {}
+        self._lock = threading.Lock()
+        self._stopped: list[tuple[str, float]] | None = None
+
+    def read(self, line: str) -> None:
+        with self._lock:
+            if (end := self._END.match(line)) is not None:
+                self._open.pop(end[1], None)
+            elif (start := self._START.match(line.rstrip("\n"))) is not None:
+                self._open.setdefault(start[1], (start[2], time.monotonic()))
+
+    def stop(self) -> None:
+        """Keep what runs now: the build's cancellation then ends every step (``CANCELED``)."""
+        self._stopped = self.running()
+
+    def running(self) -> list[tuple[str, float]]:
+        """(the step as BuildKit names it, seconds since it started), oldest first; once stopped,
+        those of that moment."""
+        if self._stopped is not None:
+            return self._stopped
+        now = time.monotonic()
+        with self._lock:
+            return [(name, now - since) for name, since in self._open.values()]
+
+
+# How long a build client stopped by its bound has to cancel the build and exit.
+GRACE_SECONDS = 60
+
+
+@contextmanager
+def _stopped_after(proc: subprocess.Popen[str], bound: Bound | None, steps: Steps) -> Iterator[threading.Event]:
+    """Ends the build client when ``bound`` runs out (the event says so): BuildKit cancels a build
+    whose client has gone, so nothing of it runs on."""
+    stopped = threading.Event()
+
+    def stop() -> None:
+        steps.stop()
+        stopped.set()
+        proc.send_signal(signal.SIGINT)  # as Ctrl-C: the client cancels the build, then exits
+        try:
+            proc.wait(timeout=GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # a client that does not exit on Ctrl-C must not hold the lane either
+
+    timer = threading.Timer(bound.seconds, stop) if bound is not None else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
+    try:
+        yield stopped
+    finally:
+        if timer is not None:
+            timer.cancel()

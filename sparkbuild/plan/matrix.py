@@ -334,6 +334,8 @@ class Target:
     keep_nightlies: int = 14
     # The compiler cache's size on the builder, GB (one cache: FlashInfer, preflight, vLLM's compile).
     ccache_gb: int = 50
+    # How long one stage's build may take before it is stopped, naming the steps still running.
+    build_timeout_minutes: int = 300
     # Compile FlashInfer's AOT kernels (flashinfer-jit-cache, hours of nvcc) into the image; off:
     # FlashInfer compiles what a model uses at serve time, into its cache volume (`sparkbuild run`).
     flashinfer_aot: bool = False
@@ -645,6 +647,7 @@ TARGET_KEYS: dict[str, validate.Validator] = {
     "lane": validate.choice(LANES),
     "keep_nightlies": validate.positive_int,
     "ccache_gb": validate.positive_int,
+    "build_timeout_minutes": validate.positive_int,
     "flashinfer_aot": validate.boolean,
     "vllm_extras": validate.list_of(_name),
     "vllm_from": validate.choice(vllmfrom.ASKED),
@@ -951,6 +954,7 @@ def _target(
         lane=values["lane"],
         keep_nightlies=values["keep_nightlies"],
         ccache_gb=values["ccache_gb"],
+        build_timeout_minutes=values["build_timeout_minutes"],
         flashinfer_aot=values["flashinfer_aot"],
         vllm_extras=values["vllm_extras"],
         vllm_from=values["vllm_from"],

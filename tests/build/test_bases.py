@@ -4,15 +4,18 @@ nvcc wheel holds ptxas and NVVM only), and a 12.9 devel base is refused saying s
 
 from __future__ import annotations
 
+import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from sparkbuild.build import base_image
 from sparkbuild.errors import BuildError
-from sparkbuild.oci.engine import Engine
+from sparkbuild.oci.engine import Bound, Engine
 from sparkbuild.plan import matrix
+from sparkbuild.util import host
 from tests.support import ROOT
 from tests.support.matrix import LOCAL_PLATFORM
 
@@ -89,3 +92,30 @@ def test_an_arm64_base_made_here_is_arm64_and_a_build_from_it_asks_no_registry(
         assert machine.strip() == "aarch64"
     finally:
         engine.remove_image("sparkbuild-test/from-arm64-base:1")
+
+
+def test_an_emulated_step_that_hangs_is_stopped_at_its_bound_naming_the_step(
+    engine: Engine, cache: Path, arm64: str, tmp_path: Path
+) -> None:
+    """A RUN step of an arm64 build that never ends (here a real sleep, run by QEMU on x86_64) is stopped
+    at the build's bound: the error names the platform, that it ran emulated, the bound's origin and
+    the step still running; and BuildKit cancels the step, so nothing of it runs on (issue 43)."""
+    base = matrix.load(ROOT / "matrix.yaml").bases["debian-bookworm"]
+    ref = base_image.ensure(engine, base, arm64, cache / "rootfs")
+    marker = f"sparkbuild-test-hang-{time.time_ns()}"
+    (tmp_path / "Dockerfile").write_text(f"FROM {ref}\nRUN echo {marker} && sleep 86400\n")
+    with pytest.raises(BuildError) as raised:
+        engine.build(
+            context=tmp_path, tag="sparkbuild-test/hangs:1", platform=arm64, labels={}, build_args={}, secrets={},
+            log_file=tmp_path / "build.log", bound=Bound(20, "the test's bound"),
+        )  # fmt: skip
+    text = str(raised.value)
+    how = "linux/arm64, emulated" if host.emulated(arm64) else "linux/arm64"
+    assert f"build of sparkbuild-test/hangs:1 ({how}) stopped after 20 s, its bound (the test's bound)" in text
+    assert re.search(rf"\[2/2\] RUN echo {marker} && sleep 86400 \(for \d+ s\)", text), text
+    assert str(tmp_path / "build.log") in text
+    # The step's processes end with the build (BuildKit cancels it when its client goes).
+    deadline = time.monotonic() + 60
+    while subprocess.run(["pgrep", "-f", marker], capture_output=True, check=False).returncode == 0:
+        assert time.monotonic() < deadline, f"the hung step ({marker}) still runs a minute after its build stopped"
+        time.sleep(1)

@@ -20,7 +20,7 @@ from sparkbuild.oci.registry import Registry
 from sparkbuild.plan import matrix, plan, toolchain
 from sparkbuild.plan.matrix import BuildJobs
 from tests.support import ROOT
-from tests.support.matrix import local_id
+from tests.support.matrix import MatrixWriter, local_id, local_target
 
 GIB = toolchain.GIB
 BIN = Path(sys.executable).parent
@@ -425,3 +425,17 @@ def test_an_arch_list_with_nothing_for_the_gpu_is_refused_naming_the_target(tmp_
         ConfigError, match=r"m.yaml:\d+: .*arch_list: arch_list '10.0a' has no 12.x arch.*use arch_list \"12.1a\""
     ):
         matrix.load(tmp_path / "m.yaml")
+
+
+def test_each_stage_build_is_bounded_by_the_matrix_naming_where_it_is_set(write_matrix: MatrixWriter, tmp_path: Path) -> None:
+    """The bound every stage's build gets (tests/build/test_bases.py stops a hung emulated step with
+    one): the matrix's ``build_timeout_minutes``, the defaults' 300 where it sets none."""
+    path = write_matrix("targets:\n" + local_target(id="bounded", build_timeout_minutes=7) + local_target(id="default"))
+    targets = {t.id: t for t in matrix.load(path).targets}
+    opts = options(tmp_path, matrix=path)
+    bounded = build.bound(plan.plan_target(targets["bounded"], {}, opts))
+    assert bounded.seconds == 420 and re.fullmatch(rf"build_timeout_minutes: 7 for bounded, {path}:\d+", bounded.where)
+    assert build.bound(plan.plan_target(targets["default"], {}, opts)).seconds == 300 * 60
+    bad = write_matrix("targets:\n" + local_target(id="bad", build_timeout_minutes=0))
+    with pytest.raises(ConfigError, match="build_timeout_minutes"):
+        matrix.load(bad)
