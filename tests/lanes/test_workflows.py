@@ -214,3 +214,12 @@ def test_the_nightly_publishes_the_report_site_to_github_pages() -> None:
     (upload,) = (s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-pages-artifact@"))
     assert upload["with"]["path"].rstrip("/") == site
     assert job["steps"][-1]["uses"].startswith("actions/deploy-pages@") and job["steps"][-1]["id"] == "deployment"
+
+
+@pytest.mark.parametrize("name", LANES)
+def test_a_target_job_outlives_the_build_bound_so_a_hung_step_is_named_first(name: str) -> None:
+    """A step that hangs is stopped by sparkbuild's build bound, which names it (engine ``Bound``),
+    well before GitHub ends the job, which names nothing (the job's limit is twice the bound)."""
+    defaults = yaml.safe_load((ROOT / "sparkbuild/resources/defaults.yaml").read_text(encoding="utf-8"))
+    bound = defaults["target"]["build_timeout_minutes"]
+    assert load(name)["jobs"]["build"]["timeout-minutes"] >= 2 * bound
