@@ -9,7 +9,7 @@ the target's arch list, each unit with exactly the flags CMake gave it, on the r
 (GCC 14, CUDA 13.0's nvcc), without ccache. Each unit's peak is the largest resident set of its
 compile's processes (nvcc, cicc, ptxas, the host compiler), read with wait4() per compile, so units
 compiled side by side are measured apart. That is what one of vLLM's parallel compiles needs: the
-plan sizes its compiles so that the heaviest units fit at once (``HEAVY_UNITS_GB`` in
+plan sizes its compiles so that the heaviest units fit at once (``HEAVY_UNITS_GIB`` in
 sparkbuild/plan/toolchain.py, held to this file's figures by tests/plan/test_spark_plan.py).
 
 Memory does not depend on the cores or the CPU's speed: cicc and ptxas generate the same GPU code

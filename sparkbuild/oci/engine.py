@@ -376,7 +376,7 @@ class Engine:
                 tail = [*tail[-29:], line]
                 steps.read(line)
             code = proc.wait()
-        if stopped.is_set() and bound is not None:
+        if code != 0 and stopped.is_set() and bound is not None:  # a build that ended as its bound ran out stands
             raise BuildError(bound.exceeded(tag, platform, steps.running(), log_file))
         if code != 0:
             raise BuildError(f"build of {tag} failed (exit {code}); last lines:\n{''.join(tail)}full log: {log_file}")

@@ -19,21 +19,21 @@ GIB = 1024**3
 # 12.1a with CUDA 13.0 and GCC 14, measured by bench/compile_memory.py
 # (bench/results/compile-memory.json; docs/spark.md, build jobs). ninja may start any of them beside
 # any other, so the plan sizes its compiles for the worst case: the heaviest ones all at once.
-HEAVY_UNITS_GB = (8.9, 7.4, 7.0, 5.6, 5.4)
+HEAVY_UNITS_GIB = (8.9, 7.4, 7.0, 5.6, 5.4)
 # Every other unit, GiB: the largest measured outside those GEMMs is 0.7 (Mamba's selective scan);
 # flash-attention's units are not measured here (stand-ins in the rehearsal), hence the room.
-OTHER_UNIT_GB = 2.0
+OTHER_UNIT_GIB = 2.0
 # Room above the measured peaks: another CUTLASS or CUDA release, and on the Spark's unified memory
 # whatever the GPU side takes after the plan read MemAvailable.
 MARGIN = 1.25
 # Memory left to the OS, the engine and the linker.
-RESERVED_GB = 8
+RESERVED_GIB = 8
 
 
-def worst_case_gb(compiles: int, threads: int) -> float:
+def worst_case_gib(compiles: int, threads: int) -> float:
     """The memory ``compiles`` parallel compiles of ``threads`` nvcc threads each can need at once:
     the heaviest units together, with the margin."""
-    peaks = [*HEAVY_UNITS_GB, *[OTHER_UNIT_GB] * max(0, compiles - len(HEAVY_UNITS_GB))][:compiles]
+    peaks = [*HEAVY_UNITS_GIB, *[OTHER_UNIT_GIB] * max(0, compiles - len(HEAVY_UNITS_GIB))][:compiles]
     return MARGIN * threads * sum(peaks)
 
 
@@ -63,20 +63,20 @@ def build_jobs(free_memory: int, cores: int, arch_list: str = "12.1a", override:
 
     nvcc's ``--threads`` compiles a unit's gencode targets in parallel, so a single-arch list gains
     nothing from it: one thread per compile, and every core a compile of its own, as many as fit in
-    free memory less ``RESERVED_GB`` when the heaviest units run at once (``worst_case_gb``).
+    free memory less ``RESERVED_GIB`` when the heaviest units run at once (``worst_case_gib``).
     vLLM divides ``MAX_JOBS`` by ``NVCC_THREADS``, so ``MAX_JOBS`` is compiles x threads. The matrix
     may set either value (``build_jobs:``); vLLM's division then applies to what it set.
     """
     override = override or BuildJobs()
     threads = override.nvcc_threads or min(arch_count(arch_list), 4)
-    room = free_memory / GIB - RESERVED_GB
+    room = free_memory / GIB - RESERVED_GIB
     if override.max_jobs:
         max_jobs = override.max_jobs
         compiles = max(1, max_jobs // threads)
     else:
-        compiles = max([1, *(k for k in range(1, cores // threads + 1) if worst_case_gb(k, threads) <= room)])
+        compiles = max([1, *(k for k in range(1, cores // threads + 1) if worst_case_gib(k, threads) <= room)])
         max_jobs = compiles * threads
-    why = f"{free_memory / GIB:.0f} GiB free, {cores} cores, {worst_case_gb(compiles, threads):.0f} GB at worst"
+    why = f"{free_memory / GIB:.0f} GiB free, {cores} cores, {worst_case_gib(compiles, threads):.0f} GB at worst"
     why += f" (the heaviest units at once, measured peaks x {MARGIN}), {arch_count(arch_list)} arch(s)"
     if override.max_jobs or override.nvcc_threads:
         why += "; set in the matrix (build_jobs)"

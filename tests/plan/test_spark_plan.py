@@ -53,8 +53,8 @@ def measured_peaks_gb() -> list[float]:
 
 def test_the_plans_heaviest_units_are_the_measured_ones() -> None:
     peaks = measured_peaks_gb()
-    assert list(toolchain.HEAVY_UNITS_GB) == [round(p, 1) for p in peaks if p > toolchain.OTHER_UNIT_GB]
-    assert all(p <= toolchain.OTHER_UNIT_GB for p in peaks[len(toolchain.HEAVY_UNITS_GB) :])
+    assert list(toolchain.HEAVY_UNITS_GIB) == [round(p, 1) for p in peaks if p > toolchain.OTHER_UNIT_GIB]
+    assert all(p <= toolchain.OTHER_UNIT_GIB for p in peaks[len(toolchain.HEAVY_UNITS_GIB) :])
 
 
 @pytest.mark.parametrize(
@@ -77,9 +77,9 @@ def test_build_jobs_are_sized_in_vllms_terms(free_gb: int, cores: int, arch_list
     # compile at the largest of the rest, fit in what is free less the reserve wherever more than one
     # compile runs (the 5 GB per nvcc thread of before gave 3 compiles on 24 GiB: 23.3 GiB at worst).
     peaks = measured_peaks_gb()
-    rest = max(p for p in peaks if p <= toolchain.OTHER_UNIT_GB)
+    rest = max(p for p in peaks if p <= toolchain.OTHER_UNIT_GIB)
     worst = jobs.nvcc_threads * sum((peaks + [rest] * jobs.compiles)[: jobs.compiles])
-    assert jobs.compiles == 1 or worst <= free_gb - toolchain.RESERVED_GB, (jobs.text(), worst)
+    assert jobs.compiles == 1 or worst <= free_gb - toolchain.RESERVED_GIB, (jobs.text(), worst)
 
 
 def test_the_matrix_overrides_either_value() -> None:
