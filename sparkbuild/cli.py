@@ -192,6 +192,7 @@ def plan_cmd(as_json: bool, ids: bool, lane: str, **kwargs: Any) -> None:
         click.echo(f"  patches: {', '.join(patch_origin(p, name) for name in p.target.patches) or 'none'}")
         if p.jobs is not None:
             click.echo(f"  jobs:    {p.jobs.text()}")
+        click.echo(f"  bound:   {p.target.build_timeout_minutes} min a stage build (build_timeout_minutes)")
         if p.target.serve.command():
             click.echo(f"  serve:   {shlex.join(p.target.serve.command())}")
         click.echo(f"  checks:  {', '.join(c.name for c in p.target.checks)}")

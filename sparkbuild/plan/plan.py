@@ -145,6 +145,7 @@ class TargetPlan:
             "build_jobs": None
             if self.jobs is None
             else {"max_jobs": self.jobs.max_jobs, "nvcc_threads": self.jobs.nvcc_threads, "compiles": self.jobs.compiles},
+            "build_timeout_minutes": self.target.build_timeout_minutes,
             "unresolved": list(self.unresolved),
             "steps": list(self.steps),
             "checks": [c.name for c in self.target.checks],

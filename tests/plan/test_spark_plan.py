@@ -103,6 +103,7 @@ def test_the_plan_shows_the_jobs_and_keeps_them_out_of_the_tags(tmp_path: Path) 
         [BIN / "sparkbuild", "plan", "--profile", "spark"], capture_output=True, text=True, check=True, env=env
     ).stdout
     assert "jobs:    MAX_JOBS=20 NVCC_THREADS=1: 20 parallel compiles" in out
+    assert "bound:   300 min a stage build (build_timeout_minutes)" in out
 
 
 # --- FlashInfer's arch list ----------------------------------------------------------------
