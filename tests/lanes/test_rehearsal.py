@@ -226,8 +226,6 @@ def test_the_images_preflight_record_holds_no_figure_only_this_build_measured(
         **{k: v for k, v in exported.items() if k not in measured},
         "compiled": [{k: v for k, v in unit.items() if k not in ("seconds", "peak_rss_mb")} for unit in exported["compiled"]],
     }
-    # Each compiled unit measured apart (its compile's process tree), in the exported report only.
-    assert exported["compiled"] and all(unit["peak_rss_mb"] > 0 for unit in exported["compiled"])
 
 
 def test_the_runtime_keeps_the_vllm_wheel_in_a_layer_of_its_own(rehearsed: dict[str, Any]) -> None:
@@ -296,7 +294,8 @@ def test_the_compile_gets_the_plans_build_jobs(rehearsed: dict[str, Any], monkey
     for key, value in RESOURCES.items():
         monkeypatch.setenv(key, value)
     (p,) = plan.make(Options.from_env(only=(TARGET,)))
-    assert p.jobs is not None and p.jobs.compiles == 2
+    # 24 GiB: the two heaviest units at once (16.3 GiB measured, 20.4 with the margin) do not fit in 16.
+    assert p.jobs is not None and p.jobs.compiles == 1
     done = subprocess.run(
         ["docker", "run", "--rm", "--entrypoint", "cat", rehearsed["image"], "/opt/sparkbuild/build-env.txt"],
         capture_output=True,
@@ -847,6 +846,8 @@ def test_a_patched_unit_that_does_not_compile_for_its_code_fails_naming_it(faile
         assert unit["ok"] and unit["runs_on_device"], unit
         assert unit["codes"] == ["sm_120f"]  # the family cubin, read from the ELF header as the audit does
         assert unit["reaches"] == ["csrc/quantization/fp4/nvfp4_utils.cuh"]
+        # Each compile measured apart, its process tree's peak (a ccache hit's is ccache's own).
+        assert unit["peak_rss_mb"] > 0 and unit["measured"] is False
 
 
 def test_without_fa3_hopper_only_setup_py_compiles_fa3_for_no_gpu_of_the_list(
