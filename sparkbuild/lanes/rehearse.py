@@ -127,8 +127,6 @@ def swapped(target: Target, rehearsed: Target, choice: vllmfrom.Choice | None = 
         )
     if target.flashinfer is not None and target.flashinfer_aot:
         lines.append("template flashinfer: the AOT modules (flashinfer-jit-cache) -> not compiled")
-    if target.flashinfer is not None:
-        lines.append("template runtime: `flashinfer download-kernels` -> not run (FlashInfer's artifact host)")
     if wheel is None:
         lines.append("build: check-binary of vLLM's extensions -> not run (none compiled)")
     else:

@@ -349,6 +349,7 @@ def template_variables(target: Target, choice: vllmfrom.Choice | None = None) ->
         # NVIDIA's PyPI wheels carry nvcc from CUDA 13 on (CUDA 12's have ptxas and NVVM only).
         "jit_from_wheels": target.cuda is not None and int(target.cuda.split(".")[0]) >= JIT_WHEELS_FROM,
         "gpu_arch": target.gpu.replace(".", "") + "a",
+        "gpu_sm12x": target.gpu.split(".")[0] == "12",
         "jit_home": "/opt/sparkbuild/cuda"
         if target.cuda and int(target.cuda.split(".")[0]) >= JIT_WHEELS_FROM
         else "/usr/local/cuda",

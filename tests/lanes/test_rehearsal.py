@@ -121,7 +121,8 @@ def test_the_report_lists_everything_the_rehearsal_swapped(rehearsed: dict[str, 
     assert devel in swapped
     assert "base cuda-13.0-runtime: " in swapped
     assert "template vllm: the kernel compile -> preflight" in swapped
-    assert "template runtime: `flashinfer download-kernels` -> not run" in swapped
+    # The runtime's FlashInfer kernels step is the runner's own: nothing downloaded either way.
+    assert "download-kernels" not in swapped
     # CUTLASS: another version than the pinned one; every project vLLM's CMake clones, by name.
     assert "source cutlass: v4.7.1 -> CUTLASS 4.5.0 headers from FlashInfer's sdist" in swapped
     tree = sources.vllm_sdist("0.33.0", Options.from_env().cache)
@@ -566,6 +567,26 @@ def test_gpt_oss_harmony_encoding_loads_with_no_network(from_wheel: dict[str, An
     said = engine.output(from_wheel["image"], ["python3", "-c", probe], network="none").strip().splitlines()[-1]
     version, tokens = said.split(" ", 1)
     assert tuple(int(p) for p in version.split(".")[:3]) >= (0, 0, 11) and len(json.loads(tokens)) == 2, said
+
+
+def test_flashinfers_trtllm_kernels_count_as_present_offline_without_a_kernel_wheel(
+    from_wheel: dict[str, Any], engine: Engine
+) -> None:
+    """Issue 44, item 5: the runtime installs no FlashInfer kernel wheel (none is loaded on SM12x), yet
+    vLLM takes "flashinfer-cubin is installed" as its switch for XQA decode and FlashInfer's attention
+    sinks there; without the image's VLLM_HAS_FLASHINFER_CUBIN it asks NVIDIA's artifactory at start-up,
+    and with no network answers no. With no network at all, vLLM's own check says yes, and no
+    flashinfer-cubin or flashinfer-jit-cache is installed."""
+    probe = (
+        "import importlib.util as u; from vllm.utils.flashinfer import has_nvidia_artifactory as a; "
+        "print(a(), u.find_spec('flashinfer_cubin') is None, u.find_spec('flashinfer_jit_cache') is None)"
+    )
+    said = engine.output(from_wheel["image"], ["python3", "-c", probe], network="none").strip().splitlines()[-1]
+    assert said == "True True True", said
+    cubins = engine.output(from_wheel["image"], ["cat", "/opt/sparkbuild/cubins.txt"], network="none")
+    assert cubins.strip() == "none: no FlashInfer path on sm_121a loads a cubin"
+    unset = engine.output(from_wheel["image"], ["env", "VLLM_HAS_FLASHINFER_CUBIN=0", "python3", "-c", probe], network="none")
+    assert unset.strip().splitlines()[-1] == "False True True"  # what the switch decides, offline
 
 
 # vLLM's own plugin loading, as every vLLM process runs it at start-up.
