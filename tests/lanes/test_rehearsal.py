@@ -569,24 +569,19 @@ def test_gpt_oss_harmony_encoding_loads_with_no_network(from_wheel: dict[str, An
     assert tuple(int(p) for p in version.split(".")[:3]) >= (0, 0, 11) and len(json.loads(tokens)) == 2, said
 
 
-def test_flashinfers_trtllm_kernels_count_as_present_offline_without_a_kernel_wheel(
-    from_wheel: dict[str, Any], engine: Engine
-) -> None:
-    """Issue 44, item 5: the runtime installs no FlashInfer kernel wheel (none is loaded on SM12x), yet
-    vLLM takes "flashinfer-cubin is installed" as its switch for XQA decode and FlashInfer's attention
-    sinks there; without the image's VLLM_HAS_FLASHINFER_CUBIN it asks NVIDIA's artifactory at start-up,
-    and with no network answers no. With no network at all, vLLM's own check says yes, and no
-    flashinfer-cubin or flashinfer-jit-cache is installed."""
+def test_the_runtime_installs_no_flashinfer_kernel_wheel_and_says_so(from_wheel: dict[str, Any], engine: Engine) -> None:
+    """Issue 44, item 5: no flashinfer-cubin or flashinfer-jit-cache in the image (none is loaded on SM12x;
+    `flashinfer download-kernels` put both in unpinned), and the image says so. vLLM then asks NVIDIA's
+    artifactory at start-up whether FlashInfer's TRT-LLM kernels can run (XQA decode, attention sinks):
+    with no network at all its own check says no, as in any install without the cubin wheel."""
     probe = (
         "import importlib.util as u; from vllm.utils.flashinfer import has_nvidia_artifactory as a; "
-        "print(a(), u.find_spec('flashinfer_cubin') is None, u.find_spec('flashinfer_jit_cache') is None)"
+        "print(u.find_spec('flashinfer_cubin') is None, u.find_spec('flashinfer_jit_cache') is None, a())"
     )
     said = engine.output(from_wheel["image"], ["python3", "-c", probe], network="none").strip().splitlines()[-1]
-    assert said == "True True True", said
+    assert said == "True True False", said
     cubins = engine.output(from_wheel["image"], ["cat", "/opt/sparkbuild/cubins.txt"], network="none")
     assert cubins.strip() == "none: no FlashInfer path on sm_121a loads a cubin"
-    unset = engine.output(from_wheel["image"], ["env", "VLLM_HAS_FLASHINFER_CUBIN=0", "python3", "-c", probe], network="none")
-    assert unset.strip().splitlines()[-1] == "False True True"  # what the switch decides, offline
 
 
 # vLLM's own plugin loading, as every vLLM process runs it at start-up.
