@@ -238,7 +238,8 @@ def run_measured(args: list, cwd: pathlib.Path) -> tuple:
     """(exit status, output, the largest resident set of the process and every process it waited for, MB).
 
     The kernel gives that peak for one child tree through wait4(), so compiles run side by side are
-    each measured apart (nvcc waits for its cicc and ptxas, ccache for nvcc)."""
+    each measured apart (nvcc waits for its cicc and ptxas, ccache for nvcc). It starts at this
+    process's own high-water mark (the kernel carries it into the child's exec): tens of MB here."""
     with tempfile.TemporaryFile() as sink:
         proc = subprocess.Popen(args, cwd=cwd, stdout=sink, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(proc.pid, 0)
