@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import platform
 import sys
@@ -31,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from preflight import new_commit  # noqa: E402  (bench/preflight.py: this folder is sys.path[0])
+from preflight import emit, new_commit  # noqa: E402  (bench/preflight.py: this folder is sys.path[0])
 
 from sparkbuild.build import build  # noqa: E402
 from sparkbuild.config.options import Options  # noqa: E402
@@ -84,10 +83,7 @@ def main() -> None:
         "units": [{"file": c.file, "peak_mb": c.peak_rss_mb, "seconds": c.seconds, "ok": c.ok} for c in units],
         "largest_mb": units[0].peak_rss_mb if units else 0,
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n", encoding="utf-8")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

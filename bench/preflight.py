@@ -88,6 +88,14 @@ def one(m: Matrix, target_id: str, opts: Options, engine: Engine, url: str) -> d
     return {"closure_s": closure_s, "preflight_s": preflight_s, "total_s": closure_s + preflight_s}
 
 
+def emit(result: dict[str, object], out: Path | None) -> None:
+    """A bench's result: printed, and written to ``out`` where one is given."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if out:
+        out.write_text(text + "\n", encoding="utf-8")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="vllm-0.33.0-cu130-sm121")
@@ -113,10 +121,7 @@ def main() -> None:
         "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores",
         **{key: round(statistics.median(r[key] for r in runs), 1) for key in runs[0]},
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n", encoding="utf-8")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":
