@@ -338,12 +338,14 @@ def main() -> None:
     # The image's copy: the same without what this build measured (times, the compilers' peak memory),
     # which differ between two builds of the same inputs (`sparkbuild reproduce` found peak_rss_mb so).
     record = {k: v for k, v in report.items() if k not in MEASURED}
-    record["compiled"] = [{k: v for k, v in unit.items() if k not in ("seconds", "peak_rss_mb")} for unit in compiled]
+    record["compiled"] = [{k: v for k, v in unit.items() if k not in MEASURED_PER_UNIT} for unit in compiled]
     (args.out / "record.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
 # Measurements of this build in preflight.json, left out of the image's record.
 MEASURED = ("peak_rss_mb", "configure_seconds", "compile_seconds")
+# And each compiled unit's.
+MEASURED_PER_UNIT = ("seconds", "peak_rss_mb")
 
 
 if __name__ == "__main__":
