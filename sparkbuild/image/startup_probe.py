@@ -19,7 +19,8 @@ logged meanwhile (the lines verify's kernel-path gate reads on a real server's l
 WHAT IS FAKED (``--gb10``): the CUDA driver is the toolkit's stub library (every entry point returns
 CUDA_ERROR_STUB_LIBRARY), loaded under the driver's name so vLLM's compiled modules import;
 ``torch.cuda`` reports one device of capability 12.1 with a GB10's name and memory; vLLM's current
-platform is its own CUDA platform class with that capability and name. Without ``--gb10``, the
+platform is its own CUDA platform class with that capability and name; a tensor vLLM creates on the GPU
+by name while it builds the model is made on the meta device too. Without ``--gb10``, the
 platform the image's vLLM detects (the local CPU image). Imports torch and vLLM (the image's); the
 distributed groups are vLLM's own, one process on Gloo over loopback.
 """
@@ -231,6 +232,28 @@ def layers(model: Any) -> list[dict[str, str]]:
     return found
 
 
+def on_meta() -> Any:
+    """A torch function mode that turns a CUDA device named in a call into the meta device (a fake,
+    like the device itself: a tensor made there holds no memory, and no kernel runs on it)."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    def meta(value: Any) -> Any:
+        is_cuda = isinstance(value, (str, torch.device)) and torch.device(value).type == "cuda"
+        return torch.device("meta") if is_cuda else value
+
+    class OnMeta(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = {k: meta(v) if k == "device" else v for k, v in (kwargs or {}).items()}
+            if func in (torch.Tensor.cuda, torch.Tensor.to):
+                args = (args[0], *(meta(a) for a in args[1:]))
+                if func is torch.Tensor.cuda:
+                    return args[0].to("meta")
+            return func(*args, **kwargs)
+
+    return OnMeta()
+
+
 def case(args: list[str]) -> dict[str, Any]:
     """How far vLLM's start-up gets with ``args``, and what it chose on the way."""
     import torch
@@ -253,8 +276,10 @@ def case(args: list[str]) -> dict[str, Any]:
             if parallel_state.model_parallel_is_initialized():
                 parallel_state.destroy_model_parallel()
             parallel_state.initialize_model_parallel(1, 1)
-            # As vLLM's model loader builds it (its dtype), on the meta device in place of the GPU.
-            with set_default_torch_dtype(config.model_config.dtype), torch.device("meta"):
+            # As vLLM's model loader builds it (its dtype), on the meta device in place of the GPU, and
+            # so is every tensor a layer creates on the GPU by name meanwhile (FlashInfer's attention
+            # allocates its decode counters with device="cuda"): nothing reaches the driver.
+            with set_default_torch_dtype(config.model_config.dtype), torch.device("meta"), on_meta():
                 model = initialize_model(config)
         out["layers"] = layers(model)
         out["stage"] = "done"

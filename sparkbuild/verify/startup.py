@@ -44,7 +44,8 @@ STUB = "/usr/local/cuda/lib64/stubs/libcuda.so"
 # What a GB10 run fakes, said in every report.
 FAKED_GB10 = (
     "GPU FAKED as a GB10: torch.cuda and vLLM's CUDA platform report capability 12.1, its name and 119 GiB; "
-    "the CUDA driver is the toolkit's stub; the model is built on the meta device (no weight loaded, no kernel run)"
+    "the CUDA driver is the toolkit's stub; the model is built on the meta device, with every tensor it makes on the GPU "
+    "(no weight loaded, no kernel run)"
 )
 
 
