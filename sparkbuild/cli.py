@@ -190,6 +190,8 @@ def plan_cmd(as_json: bool, ids: bool, lane: str, **kwargs: Any) -> None:
         if p.templates is not None:
             click.echo(f"  templates: {p.templates.text()}")
         click.echo(f"  patches: {', '.join(patch_origin(p, name) for name in p.target.patches) or 'none'}")
+        for name in p.target.patches:
+            click.echo(f"  patch:   {name}: {p.patch_summaries.get(name, '')}")
         if p.jobs is not None:
             click.echo(f"  jobs:    {p.jobs.text()}")
         click.echo(f"  bound:   {p.target.build_timeout_minutes} min a stage build (build_timeout_minutes)")

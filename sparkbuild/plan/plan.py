@@ -83,6 +83,8 @@ class TargetPlan:
     # so a team's copy of a packaged file builds the same image).
     templates: project.Found | None = None
     patch_sources: dict[str, project.Found] = field(default_factory=dict)
+    # Each patch's one-line summary (its patch.yaml): why the target carries it, as plan prints it.
+    patch_summaries: dict[str, str] = field(default_factory=dict)
     # Spark: whether vLLM is compiled or upstream's wheel, and why (None: the local profile).
     choice: vllmfrom.Choice | None = None
     # Where the source stages fetch the pinned commits from, when not from the names the plan hashes
@@ -149,6 +151,7 @@ class TargetPlan:
             "unresolved": list(self.unresolved),
             "steps": list(self.steps),
             "checks": [c.name for c in self.target.checks],
+            "patches": [{"name": n, "summary": self.patch_summaries.get(n)} for n in self.target.patches],
             "left_out": dict(self.target.left_out),
             "vllm_from": None if self.choice is None else self.choice.to_json(),
             "inputs": self.inputs,
@@ -313,6 +316,7 @@ def plan_target(target: Target, patch_folders: Mapping[str, Path], opts: Options
         wheel_files=wheels,
         templates=templates,
         patch_sources={name: project.patch_found(patch_folders[name]) for name in target.patches},
+        patch_summaries={name: patch.load_one(patch_folders[name]).summary for name in target.patches},
         choice=choice,
     )
 

@@ -10,7 +10,8 @@ sparkbuild's nvfp4-moe-b12x-auto line), and the backend ``select_nvfp4_moe_backe
 ``moe_backend="auto"`` for an NVFP4 W4A4 MoE layer (FP4 weights and activations) and an NVFP4 W4A16
 one (FP4 weights, bf16 activations), each with the experts class; then, for gpt-oss's MXFP4 MoE
 layer (expert biases, interleaved swigluoai), what ``select_mxfp4_moe_backend`` picks with ``auto``
-and what ``--moe-backend b12x`` gets (the error it raises, if it refuses).
+what ``--moe-backend b12x`` gets (the error it raises, if it refuses) and what ``--moe-backend
+flashinfer_cutlass_afp8`` gets; and whether the MXFP4 oracle carries sparkbuild's mxfp4-moe-flashinfer-sm12x.
 
 THE GPU IS FAKED: there is no GB10 here. Before vLLM's modules are imported, ``torch.cuda`` is made to
 report one available device of capability (12, 1) (b12x's own ``is_supported()`` asks torch), and vLLM's
@@ -32,6 +33,7 @@ import torch
 from startup_probe import fake_gb10  # type: ignore[import-not-found]  # sparkbuild/image/startup_probe.py, copied beside it
 
 MARKER = "sparkbuild nvfp4-moe-b12x-auto"
+MXFP4_MARKER = "sparkbuild mxfp4-moe-flashinfer-sm12x"
 
 
 def moe_config(**overrides: Any) -> Any:
@@ -73,7 +75,7 @@ def gpt_oss_mxfp4() -> dict[str, Any]:
     shape = {"hidden_dim": 2880, "intermediate_size": 2880, "num_experts": 32, "num_local_experts": 32}
     layer = {**shape, "num_logical_experts": 32, "experts_per_token": 4, "has_bias": True, "activation": MoEActivation.SWIGLUOAI}
     found: dict[str, Any] = {}
-    for requested in ("auto", "b12x"):
+    for requested in ("auto", "b12x", "flashinfer_cutlass_afp8"):
         try:
             backend, _ = mxfp4.select_mxfp4_moe_backend(moe_config(**layer, moe_backend=requested))
             found[requested] = {"backend": backend.value}
@@ -108,6 +110,9 @@ def main() -> None:
     except (ValueError, NotImplementedError) as exc:
         print(json.dumps({**result, "error": str(exc)}))
         sys.exit(1)
+    from vllm.model_executor.layers.fused_moe.oracle import mxfp4
+
+    result["mxfp4_patched"] = MXFP4_MARKER in Path(mxfp4.__file__).read_text(encoding="utf-8")
     result["gpt_oss_mxfp4"] = gpt_oss_mxfp4()
     print(json.dumps(result))
 

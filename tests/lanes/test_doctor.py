@@ -257,7 +257,7 @@ def test_the_report_is_a_table_for_people_and_json_for_scripts(tmp_path: Path) -
     assert data["host"]["platforms"]["linux/arm64"]["runs"] is False
     assert data["matrix"]["profiles"]["spark"] == {
         "runnable": False,
-        "targets": 3,
+        "targets": 4,
         "runnable_targets": 0,
         "why_not": ["linux/arm64 does not run here", "needs a compute 12.1 GPU, not 9.0"],
     }

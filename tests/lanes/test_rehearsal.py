@@ -55,6 +55,9 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 TARGET = "vllm-0.33.0-cu130-sm121"
 # The shipped target as it is (its Python-only patch set), which auto builds from upstream's wheel.
 WHEEL_TARGET = "vllm-0.33.0-cu130-wheel"
+# The shipped gpt-oss image: the 0.33.0 one with mxfp4-moe-flashinfer-sm12x (its MXFP4 oracle).
+GPTOSS_TARGET = "vllm-0.33.0-cu130-sm121-gptoss"
+MXFP4_FILE = "vllm/model_executor/layers/fused_moe/oracle/mxfp4.py"
 # The one file the shipped patch set changes (nvfp4-moe-b12x-auto).
 PYTHON_FILE = "vllm/model_executor/layers/fused_moe/oracle/nvfp4.py"
 B12X_LINE = "NvFp4MoeBackend.B12X,  # sparkbuild nvfp4-moe-b12x-auto"
@@ -569,19 +572,24 @@ def test_gpt_oss_harmony_encoding_loads_with_no_network(from_wheel: dict[str, An
     assert tuple(int(p) for p in version.split(".")[:3]) >= (0, 0, 11) and len(json.loads(tokens)) == 2, said
 
 
-def test_the_runtime_installs_no_flashinfer_kernel_wheel_and_says_so(from_wheel: dict[str, Any], engine: Engine) -> None:
-    """Issue 44, item 5: no flashinfer-cubin or flashinfer-jit-cache in the image (none is loaded on SM12x;
-    `flashinfer download-kernels` put both in unpinned), and the image says so. vLLM then asks NVIDIA's
-    artifactory at start-up whether FlashInfer's TRT-LLM kernels can run (XQA decode, attention sinks):
-    with no network at all its own check says no, as in any install without the cubin wheel."""
+def test_flashinfers_trtllm_kernels_count_as_present_offline_without_a_kernel_wheel(
+    from_wheel: dict[str, Any], engine: Engine
+) -> None:
+    """Issue 44, item 5: the runtime installs no FlashInfer kernel wheel (none is loaded on SM12x; `flashinfer
+    download-kernels` put both in unpinned) and says so, yet vLLM takes "flashinfer-cubin is installed" as
+    its switch for XQA decode and FlashInfer's attention sinks there; without the image's
+    VLLM_HAS_FLASHINFER_CUBIN it asks NVIDIA's artifactory at start-up, and with no network answers no
+    (gpt-oss's attention then falls to Triton). With no network at all, vLLM's own check says yes."""
     probe = (
         "import importlib.util as u; from vllm.utils.flashinfer import has_nvidia_artifactory as a; "
-        "print(u.find_spec('flashinfer_cubin') is None, u.find_spec('flashinfer_jit_cache') is None, a())"
+        "print(a(), u.find_spec('flashinfer_cubin') is None, u.find_spec('flashinfer_jit_cache') is None)"
     )
     said = engine.output(from_wheel["image"], ["python3", "-c", probe], network="none").strip().splitlines()[-1]
-    assert said == "True True False", said
+    assert said == "True True True", said
     cubins = engine.output(from_wheel["image"], ["cat", "/opt/sparkbuild/cubins.txt"], network="none")
     assert cubins.strip() == "none: no FlashInfer path on sm_121a loads a cubin"
+    unset = engine.output(from_wheel["image"], ["env", "VLLM_HAS_FLASHINFER_CUBIN=0", "python3", "-c", probe], network="none")
+    assert unset.strip().splitlines()[-1] == "False True True"  # what the switch decides, offline
 
 
 # vLLM's own plugin loading, as every vLLM process runs it at start-up.
@@ -616,6 +624,72 @@ def test_flashinfers_b12x_shim_over_b12x_fails_the_image_naming_the_file_and_bot
     with pytest.raises(EngineError) as failed:
         engine.output(tag, ["python3", "/opt/sparkbuild/shared_files.py", "--check"])
     assert "b12x/__init__.py is flashinfer-python's, not its owner b12x 1.5.1's" in str(failed.value)
+
+
+@pytest.fixture(scope="module")
+def gptoss(shipped: dict[str, Any]) -> dict[str, Any]:
+    return {**shipped["results"][GPTOSS_TARGET], "out": shipped["out"]}
+
+
+def test_the_gpt_oss_target_starts_gpt_oss_on_flashinfers_cutlass_mxfp4_and_its_sinks(gptoss: dict[str, Any]) -> None:
+    """Issue 44, item 1: the shipped gpt-oss target, rehearsed as it ships (upstream's 0.33.0 wheel, its
+    real kernels, the two patches' Python), and vLLM's own start-up of its checks with a GB10 faked:
+    gpt-oss's MoE layers get FlashInfer's CUTLASS MXFP4 x MXFP8 (not Marlin, as on the main image) and
+    its attention FlashInfer with sinks, with no network (VLLM_HAS_FLASHINFER_CUBIN), and the gate,
+    which accepts that MoE kernel alone, passes, eager and with the image's graphs."""
+    assert gptoss["status"] == "rehearsed" and gptoss["error"] is None, gptoss["error"]
+    assert gptoss["kernels"] == "real" and gptoss["vllm_from"]["mode"] == "wheel"
+    assert "mxfp4-moe-flashinfer-sm12x" in gptoss["vllm_from"]["why"]
+    found = gptoss["startup"]
+    assert found["ok"] and found["vllm"] == "0.33.0"
+    by_check = {c["check"]: c for c in found["checks"]}
+    assert sorted(by_check) == ["alphabet", "gptoss-mxfp4", "gptoss-mxfp4-eager"]
+    for name in ("gptoss-mxfp4", "gptoss-mxfp4-eager"):
+        check = by_check[name]
+        assert check["stage"] == "done" and check["ok"], check
+        chosen = {k["kind"]: [b["backend"] for b in k["chosen"]] for k in check["kernels"]}
+        assert chosen == {"attention": ["FLASHINFER"], "moe": ["FLASHINFER_CUTLASS_MXFP4_MXFP8"]}, name
+        assert {(x["kind"], x["backend"]) for x in check["layers"]} == {
+            ("attention", "FLASHINFER"),
+            ("moe", "FLASHINFER_CUTLASS_MXFP4_MXFP8"),
+        }, name
+    assert by_check["gptoss-mxfp4-eager"]["values"]["cudagraph_mode"] == "NONE"
+
+
+def test_vllms_own_mxfp4_selector_gives_gpt_oss_flashinfers_cutlass_with_the_patch_and_marlin_without(
+    gptoss: dict[str, Any], both_ways: Path, engine: Engine, tmp_path: Path
+) -> None:
+    """The fix of mxfp4-moe-flashinfer-sm12x in its target's rehearsed image: vLLM's real MXFP4 selector
+    (upstream's wheel, FlashInfer at vLLM's pin) with a GB10's capability FAKED, for gpt-oss's MoE layer
+    (expert biases, swigluoai). Patched, automatic selection gives FLASHINFER_CUTLASS_MXFP4_MXFP8; with the
+    release's own oracle file mounted over the patched one, MARLIN, as vLLM 0.33.0 picks on a Spark (vLLM
+    issue #41477). The kernel was there all along: asked for by name, vLLM takes it unpatched too; b12x
+    refuses the layer's biases either way."""
+    m = plan.load_matrix(Options.from_env(matrix=both_ways))
+    target = rehearsal_target(next(t for t in m.targets if t.id == GPTOSS_TARGET), m)
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    engine.copy_out(plan.base_name(target.base, target.platform), "/usr/local/cuda/lib64/stubs/libcuda.so", probe)
+    shutil.copy(ROOT / "tests" / "data" / "select_moe_backend.py", probe)
+    shutil.copy(ROOT / "sparkbuild" / "image" / "startup_probe.py", probe)
+    release = sources.vllm_sdist("0.33.0", Options.from_env().cache) / MXFP4_FILE
+    installed = f"{gptoss['checks']['vllm_path']}/{MXFP4_FILE.removeprefix('vllm/')}"
+    command = ["python3", "/opt/probe/select_moe_backend.py", "/opt/probe/libcuda.so"]
+
+    def selected(mounts: dict[Path, tuple[str, str]]) -> dict[str, Any]:
+        found: dict[str, Any] = json.loads(engine.output(gptoss["image"], command, mounts=mounts).strip().splitlines()[-1])
+        return found
+
+    patched = selected({probe: ("/opt/probe", "ro")})
+    unpatched = selected({probe: ("/opt/probe", "ro"), release: (installed, "ro")})
+    assert patched["mxfp4_patched"] and not unpatched["mxfp4_patched"]
+    assert patched["gpt_oss_mxfp4"]["auto"] == {"backend": "FLASHINFER_CUTLASS_MXFP4_MXFP8"}
+    assert unpatched["gpt_oss_mxfp4"]["auto"] == {"backend": "MARLIN"}
+    for found in (patched, unpatched):
+        assert found["gpt_oss_mxfp4"]["flashinfer_cutlass_afp8"] == {"backend": "FLASHINFER_CUTLASS_MXFP4_MXFP8"}
+        assert "does not support expert biases" in found["gpt_oss_mxfp4"]["b12x"]["error"]
+    # The NVFP4 selection is the main image's (the other patch): unchanged by this one.
+    assert patched["nvfp4_w4a16"]["backend"] == "B12X" and patched["nvfp4_w4a4"]["backend"] == "FLASHINFER_CUTLASS"
 
 
 def test_gpt_oss_put_back_on_the_0_33_target_fails_its_predicted_start_up_naming_marlin(

@@ -3,13 +3,15 @@ with CUDA 12.9 and 13.0 (issue 31, item 4); the shipped matrix is held to it.
 
 cmake-arch-sm121's need is what vLLM's own CMake helpers (run by cmake) make of each unpatched
 release; e2m1-software's is the arch list; flashinfer-sinks-sm12x is not needed where upstream has
-its change; mxfp4-cutlass-sm12x where upstream's b12x backend serves MXFP4 MoE on SM12x;
-nvfp4-moe-b12x-auto wherever that backend exists and automatic selection skips it. The releases
-each is needed on are pinned here, with the evidence docs/patches-needed.md cites.
+its change; mxfp4-cutlass-sm12x where vLLM's selection never offers gpt-oss's layers its kernel;
+mxfp4-moe-flashinfer-sm12x where that selection gives gpt-oss Marlin on SM12x; nvfp4-moe-b12x-auto
+wherever that backend exists and automatic selection skips it. The releases each is needed on are
+pinned here, with the evidence docs/patches-needed.md cites.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -27,9 +29,12 @@ from tests.support import ROOT
 from tests.support.trees import PATCHES, RELEASES, THROUGH, TreeFactory
 
 BUILDS = tuple(need.Build(c) for c in need.SPARK_CUDA)
-# Needed where they apply, but opt-in: neither has run on an SM12x GPU yet (README, "Patches"), so a
-# shipped target may leave them out where they are needed, never list them where they are not.
-OPT_IN = {"flashinfer-sinks-sm12x", "mxfp4-cutlass-sm12x"}
+# Needed where they apply, but opt-in: none has run on an SM12x GPU yet (README, "Patches"), so a
+# shipped target may leave them out where they are needed, never list them where they are not
+# (mxfp4-moe-flashinfer-sm12x: the gpt-oss target lists it, the main 0.33.0 image does not).
+OPT_IN = {"flashinfer-sinks-sm12x", "mxfp4-cutlass-sm12x", "mxfp4-moe-flashinfer-sm12x"}
+ORACLE = "vllm/model_executor/layers/fused_moe/oracle/mxfp4.py"
+EXPERTS = "vllm/model_executor/layers/fused_moe/experts/cutlass_moe.py"
 # Needed where vLLM is compiled (it changes setup.py alone): a release target may take upstream's
 # wheel, compiled already, and leave it out; the rc lane's target always compiles, so it lists it.
 COMPILE_ONLY = {"fa3-hopper-only"}
@@ -87,18 +92,45 @@ def test_flashinfer_sinks_are_needed_until_upstream_has_them(rows: list[releases
     assert "flashinfer-python==0.6.16.post3" in (pristine("0.28.0") / "requirements/cuda.txt").read_text()
 
 
-def test_mxfp4_cutlass_is_not_needed_once_upstreams_b12x_backend_serves_sm12x(
+def cited(said: str) -> tuple[str, str]:
+    """The ``(file:line)`` a verdict cites, and that line's text in the release."""
+    found = re.search(r"\((?:[^():]+, )?(vllm/[^):]+):(\d+)\)", said)
+    assert found, said
+    return found.group(1), found.group(2)
+
+
+def test_mxfp4_cutlass_is_not_needed_where_gpt_oss_is_never_offered_its_kernel(
     rows: list[releases.Row], pristine: TreeFactory
 ) -> None:
-    assert spans(rows, "mxfp4-cutlass-sm12x") == {"12.9": [("0.20.0", "0.28.0")], "13.0": [("0.20.0", "0.28.0")]}
-    said = why(rows, "0.29.0", "mxfp4-cutlass-sm12x", "13.0").why
-    assert "PR #52018" in said and said.endswith(")")
-    where = said.rsplit("(", 1)[1].rstrip(")")
-    rel, line = where.rsplit(":", 1)
-    assert rel == "vllm/model_executor/layers/fused_moe/oracle/mxfp4.py"
-    assert 'B12X_MXFP4_MXFP8 = "B12X_MXFP4_MXFP8"' in (pristine("0.29.0") / rel).read_text().splitlines()[int(line) - 1]
-    # 0.28.0 has the b12x extra but no b12x MoE backend for MXFP4: still needed there.
-    assert "B12X" not in (pristine("0.28.0") / rel).read_text()
+    """The verdict follows vLLM's selection for gpt-oss's layers (issue 44): from 0.22.0 the automatic
+    path filters by the requested activation format, and gpt-oss's checkpoint declares none, so only
+    BF16-activation backends are tried and vLLM's W4A4 CUTLASS MXFP4 never is; its experts apply no
+    expert biases either (read here in every such release). Before, the old verdict stands."""
+    assert spans(rows, "mxfp4-cutlass-sm12x") == {"12.9": [("0.20.0", "0.21.0")], "13.0": [("0.20.0", "0.21.0")]}
+    for version in ("0.22.0", "0.29.0", "0.33.0"):
+        said = why(rows, version, "mxfp4-cutlass-sm12x", "13.0").why
+        rel, line = cited(said)
+        assert rel == ORACLE and "(gpt-oss)" in said and "mxfp4-moe-flashinfer-sm12x" in said, said
+        assert pristine(version).joinpath(rel).read_text().splitlines()[int(line) - 1].strip() == (
+            "AVAILABLE_BACKENDS = _filter_by_activation("
+        )
+        experts = ast.parse(pristine(version).joinpath(EXPERTS).read_text())
+        named = [n for n in experts.body if getattr(n, "name", "") in ("CutlassExpertsMxfp4", "run_cutlass_moe_mxfp4")]
+        assert len(named) == 2 and not any("bias" in ast.unparse(n) for n in named), version
+
+
+def test_mxfp4_moe_flashinfer_is_needed_where_gpt_oss_runs_on_marlin(rows: list[releases.Row], pristine: TreeFactory) -> None:
+    """Its range (0.33.0) on both CUDA versions (the change is Python); a build for no SM12x GPU does not need it."""
+    assert spans(rows, "mxfp4-moe-flashinfer-sm12x") == {"12.9": [("0.33.0", "0.33.0")], "13.0": [("0.33.0", "0.33.0")]}
+    said = why(rows, "0.33.0", "mxfp4-moe-flashinfer-sm12x", "13.0").why
+    rel, line = cited(said)
+    assert rel == ORACLE and "issue #41477" in said and "(gpt-oss)" in said
+    assert pristine("0.33.0").joinpath(rel).read_text().splitlines()[int(line) - 1].strip() == (
+        "AVAILABLE_BACKENDS = _filter_by_activation("
+    )
+    (p,) = patch.load(PATCHES, ("mxfp4-moe-flashinfer-sm12x",))
+    for arch_list, needed in (("12.1a", True), ("12.0f", True), ("9.0 10.0a", False)):
+        assert need.judge(p, "applies", "", pristine("0.33.0"), need.Build("13.0", arch_list)).needed is needed, arch_list
 
 
 def test_nvfp4_b12x_auto_is_needed_wherever_b12x_exists_outside_automatic_selection(
@@ -169,4 +201,4 @@ def test_the_json_says_per_release_and_build_whether_each_patch_is_needed(
     data = json.loads(done.stdout)
     newest = data["releases"][-1]["results"]["mxfp4-cutlass-sm12x"]
     assert newest["status"] == "applies" and newest["needed"]["13.0"]["needed"] is False
-    assert data["needed_on"]["mxfp4-cutlass-sm12x"] == {"12.9": [["0.20.0", "0.28.0"]], "13.0": [["0.20.0", "0.28.0"]]}
+    assert data["needed_on"]["mxfp4-cutlass-sm12x"] == {"12.9": [["0.20.0", "0.21.0"]], "13.0": [["0.20.0", "0.21.0"]]}

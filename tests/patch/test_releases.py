@@ -29,6 +29,7 @@ NAMES = (
     "fa3-hopper-only",
     "flashinfer-sinks-sm12x",
     "mxfp4-cutlass-sm12x",
+    "mxfp4-moe-flashinfer-sm12x",
     "nvfp4-moe-b12x-auto",
 )
 A: patch.Status = "applies"
@@ -36,43 +37,43 @@ N: patch.Status = "not-applicable"
 U: patch.Status = "upstream"
 # Per release, each patch's status in NAMES order.
 EXPECTED: dict[str, tuple[patch.Status, ...]] = {
-    "0.10.0": (A, N, A, N, N, N),  # e2m1: before nvfp4_utils.cuh (range); sinks: FlashInfer 0.3.1 (range); no MXFP4 kernel
-    "0.10.1": (A, N, A, N, N, N),
-    "0.10.1.1": (A, N, A, N, N, N),
-    "0.10.2": (A, A, A, N, N, N),
-    "0.11.0": (A, A, A, N, N, N),
-    "0.11.1": (A, A, A, A, N, N),  # FlashInfer 0.5.2: the sink wrapper is there
-    "0.11.2": (A, A, A, A, N, N),
-    "0.12.0": (A, A, A, A, N, N),
-    "0.13.0": (A, A, A, A, N, N),
-    "0.14.0": (A, A, A, A, N, N),
-    "0.14.1": (A, A, A, A, N, N),
-    "0.16.0": (A, A, A, A, N, N),
-    "0.17.0": (A, A, A, A, N, N),
-    "0.17.1": (A, A, A, A, N, N),
-    "0.18.0": (A, A, A, A, N, N),
-    "0.18.1": (A, A, A, A, N, N),
-    "0.19.0": (U, A, A, A, N, N),  # CMake serves 12.1 itself (#37725, #38126)
-    "0.19.1": (U, A, A, A, N, N),
-    "0.20.0": (U, A, A, A, A, N),  # the CUTLASS MXFP4 MoE, under csrc/libtorch_stable/ (Python gate to 0.23.0)
-    "0.20.1": (U, A, A, A, A, N),
-    "0.20.2": (U, A, A, A, A, N),
-    "0.21.0": (U, A, A, A, A, N),  # the prefill wrapper takes backend=
-    "0.22.0": (U, A, A, A, A, N),
-    "0.22.1": (U, A, A, A, A, N),
-    "0.23.0": (U, A, A, A, A, N),
-    "0.24.0": (U, A, A, A, A, N),  # the MXFP4 gate moves to C++
-    "0.25.0": (U, A, A, A, A, N),  # supports_sink rewritten; the builder picks the decode kernel
-    "0.25.1": (U, A, A, A, A, N),
-    "0.26.0": (U, A, A, A, A, N),
-    "0.27.0": (A, A, A, A, A, N),  # flashkda.cmake arrives without 12.1a on CUDA 12.9
-    "0.27.1": (A, A, A, A, A, N),
-    "0.28.0": (A, A, A, U, A, N),  # the SM12x sink path is upstream
-    "0.29.0": (A, A, A, U, A, A),  # NvFp4MoeBackend.B12X (PR #52018), not in the automatic list
-    "0.30.0": (A, A, A, U, A, A),
-    "0.31.0": (A, A, A, U, A, A),
-    "0.32.0": (A, A, A, U, A, A),  # the MXFP4 kernel back under csrc/quantization/fp4/
-    "0.33.0": (A, A, A, U, A, A),
+    "0.10.0": (A, N, A, N, N, N, N),  # e2m1: before nvfp4_utils.cuh (range); sinks: FlashInfer 0.3.1 (range); no MXFP4 kernel
+    "0.10.1": (A, N, A, N, N, N, N),
+    "0.10.1.1": (A, N, A, N, N, N, N),
+    "0.10.2": (A, A, A, N, N, N, N),
+    "0.11.0": (A, A, A, N, N, N, N),
+    "0.11.1": (A, A, A, A, N, N, N),  # FlashInfer 0.5.2: the sink wrapper is there
+    "0.11.2": (A, A, A, A, N, N, N),
+    "0.12.0": (A, A, A, A, N, N, N),
+    "0.13.0": (A, A, A, A, N, N, N),
+    "0.14.0": (A, A, A, A, N, N, N),
+    "0.14.1": (A, A, A, A, N, N, N),
+    "0.16.0": (A, A, A, A, N, N, N),
+    "0.17.0": (A, A, A, A, N, N, N),
+    "0.17.1": (A, A, A, A, N, N, N),
+    "0.18.0": (A, A, A, A, N, N, N),
+    "0.18.1": (A, A, A, A, N, N, N),
+    "0.19.0": (U, A, A, A, N, N, N),  # CMake serves 12.1 itself (#37725, #38126)
+    "0.19.1": (U, A, A, A, N, N, N),
+    "0.20.0": (U, A, A, A, A, N, N),  # the CUTLASS MXFP4 MoE, under csrc/libtorch_stable/ (Python gate to 0.23.0)
+    "0.20.1": (U, A, A, A, A, N, N),
+    "0.20.2": (U, A, A, A, A, N, N),
+    "0.21.0": (U, A, A, A, A, N, N),  # the prefill wrapper takes backend=
+    "0.22.0": (U, A, A, A, A, N, N),
+    "0.22.1": (U, A, A, A, A, N, N),
+    "0.23.0": (U, A, A, A, A, N, N),
+    "0.24.0": (U, A, A, A, A, N, N),  # the MXFP4 gate moves to C++
+    "0.25.0": (U, A, A, A, A, N, N),  # supports_sink rewritten; the builder picks the decode kernel
+    "0.25.1": (U, A, A, A, A, N, N),
+    "0.26.0": (U, A, A, A, A, N, N),
+    "0.27.0": (A, A, A, A, A, N, N),  # flashkda.cmake arrives without 12.1a on CUDA 12.9
+    "0.27.1": (A, A, A, A, A, N, N),
+    "0.28.0": (A, A, A, U, A, N, N),  # the SM12x sink path is upstream
+    "0.29.0": (A, A, A, U, A, N, A),  # NvFp4MoeBackend.B12X (PR #52018), not in the automatic list
+    "0.30.0": (A, A, A, U, A, N, A),
+    "0.31.0": (A, A, A, U, A, N, A),
+    "0.32.0": (A, A, A, U, A, N, A),  # the MXFP4 kernel back under csrc/quantization/fp4/
+    "0.33.0": (A, A, A, U, A, A, A),  # the MXFP4 oracle's automatic path the FlashInfer rule reads (its range)
 }
 FIRST_UPSTREAM = {
     "cmake-arch-sm121": "0.19.0",
@@ -80,6 +81,7 @@ FIRST_UPSTREAM = {
     "fa3-hopper-only": None,
     "flashinfer-sinks-sm12x": "0.28.0",
     "mxfp4-cutlass-sm12x": None,
+    "mxfp4-moe-flashinfer-sm12x": None,
     "nvfp4-moe-b12x-auto": None,
 }
 

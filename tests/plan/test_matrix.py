@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -19,11 +20,50 @@ def test_the_shipped_matrix_loads() -> None:
     assert [t.id for t in m.targets] == [
         local_id(),
         "vllm-0.33.0-cu130-sm121",
+        "vllm-0.33.0-cu130-sm121-gptoss",
         "vllm-0.19.0-cu129-sm121",
         "vllm-rc-cu130-sm121",
     ]
     rc = m.targets[-1]
     assert (rc.lane, rc.vllm.kind, rc.tags) == ("rc", "candidate", ("{vllm_version}", "rc"))
+
+
+def test_the_gpt_oss_image_is_the_main_one_plus_its_patch_under_tags_of_its_own() -> None:
+    """Issue 44, item 1: the 0.33.0 image and its gpt-oss twin differ in their patch set and checks
+    alone, and publish into one repository under tags a user tells apart; the twin's gpt-oss checks
+    accept FlashInfer's CUTLASS MXFP4 x MXFP8 alone (the kernel its patch is for), the main one leaves
+    them out, saying why."""
+    m = matrix.load(ROOT / "matrix.yaml")
+    by_id = {t.id: t for t in m.targets}
+    main, gptoss = by_id["vllm-0.33.0-cu130-sm121"], by_id["vllm-0.33.0-cu130-sm121-gptoss"]
+    assert gptoss.patches == (*main.patches, "mxfp4-moe-flashinfer-sm12x")
+    same = ("vllm", "cuda", "torch", "cutlass", "flashinfer", "base", "runtime_base", "serve", "vllm_extras", "repository")
+    assert all(getattr(main, k) == getattr(gptoss, k) for k in same)
+    assert [c.name for c in gptoss.checks] == ["alphabet", "gptoss-mxfp4", "gptoss-mxfp4-eager"]
+    assert {"gptoss-mxfp4", "gptoss-mxfp4-eager"} <= dict(main.left_out).keys()
+    assert "gpt-oss target" in dict(main.left_out)["gptoss-mxfp4"]
+    assert not set(main.tags) & set(gptoss.tags) and all("gptoss" in t for t in gptoss.tags)
+    for name in ("gptoss-mxfp4", "gptoss-mxfp4-eager", "gpt-oss-120b"):
+        kernels = dict(m.checks[name].expected_kernels)
+        assert kernels["moe"] == ("FLASHINFER_CUTLASS_MXFP4_MXFP8",) and kernels["attention"] == ("FLASHINFER",), name
+
+
+def test_plan_shows_the_gpt_oss_target_with_its_patches_and_why() -> None:
+    """`sparkbuild plan` prints each patch of a target with its one-line summary (text and --json), so
+    the gpt-oss target says what its extra patch is for; and its own tags."""
+    only = ("--matrix", str(ROOT / "matrix.yaml"), "--only", "vllm-0.33.0-cu130-sm121-gptoss", "--date", "20261207")
+    shown = cli.run("plan", *only)
+    assert shown.returncode == 0, shown.stderr
+    assert "  patches: nvfp4-moe-b12x-auto (packaged), mxfp4-moe-flashinfer-sm12x (packaged)" in shown.stdout
+    assert (
+        "  patch:   mxfp4-moe-flashinfer-sm12x: vLLM's automatic MXFP4 MoE selection tries FlashInfer's CUTLASS "
+        "MXFP4 x MXFP8 kernel before Marlin on SM12x, so gpt-oss's MoE leaves Marlin." in shown.stdout
+    )
+    assert "  checks:  alphabet, gptoss-mxfp4, gptoss-mxfp4-eager" in shown.stdout
+    assert "  tags:    0.33.0-cu130-gptoss-20261207, 0.33.0-cu130-gptoss" in shown.stdout
+    (planned,) = json.loads(cli.run("plan", *only, "--json").stdout)
+    assert [p["name"] for p in planned["patches"]] == ["nvfp4-moe-b12x-auto", "mxfp4-moe-flashinfer-sm12x"]
+    assert all(p["summary"] for p in planned["patches"])
 
 
 def test_a_local_target_gets_defaults_and_a_readable_id(write_matrix: MatrixWriter) -> None:

@@ -206,11 +206,17 @@ def test_a_python_only_patch_keeps_the_wheel_and_a_cuda_patch_compiles(project: 
 
 @pytest.mark.parametrize(
     ("name", "wheel"),
-    [("cmake-arch-sm121", False), ("e2m1-software", False), ("mxfp4-cutlass-sm12x", False), ("flashinfer-sinks-sm12x", True)],
+    [
+        ("cmake-arch-sm121", False),
+        ("e2m1-software", False),
+        ("mxfp4-cutlass-sm12x", False),
+        ("flashinfer-sinks-sm12x", True),
+        ("mxfp4-moe-flashinfer-sm12x", True),
+    ],
 )
 def test_each_shipped_rule_declares_what_it_may_change(name: str, wheel: bool) -> None:
-    """The patch engine knows a rule's files from its module (WRITES): only flashinfer-sinks-sm12x
-    changes Python files alone."""
+    """The patch engine knows a rule's files from its module (WRITES): flashinfer-sinks-sm12x and
+    mxfp4-moe-flashinfer-sm12x change Python files alone."""
     (found,) = [p for p in patch.load(ROOT / "patches") if p.name == name]
     assert scope.changes(found) == rules.load(found.rule or "").writes
     assert (scope.compiled(found) == ()) is wheel

@@ -58,7 +58,7 @@ def test_vllm_0_33_on_a_faked_gb10_gives_gpt_oss_marlin_and_the_fp4_checks_their
     assert gptoss.summary() == "attention TRITON_ATTN x2, moe MARLIN x2"
     problems = "\n".join(found.problems())
     assert "check gptoss-mxfp4: the kernel path vLLM will choose fails the gate:" in problems
-    assert "moe: expected CUTLASS_MXFP4_MXFP4 or FLASHINFER_CUTLASS_MXFP4_MXFP8" in problems
+    assert "moe: expected FLASHINFER_CUTLASS_MXFP4_MXFP8, vLLM chose MARLIN" in problems
     assert "vLLM chose MARLIN: " in problems and "Using 'MARLIN' Mxfp4 MoE backend." in problems
     layers = "model.layers.0.mlp.experts.routed_experts, model.layers.1.mlp.experts.routed_experts"
     assert f"moe MARLIN on 2 layer(s): {layers}" in problems
