@@ -21,11 +21,13 @@ with one message.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
 import signal
 import subprocess
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -47,7 +49,7 @@ from sparkbuild.publish import wheels
 from sparkbuild.upstream import externals, sources
 from sparkbuild.util import host
 from sparkbuild.verify import startup
-from tests.support import ROOT, cli, images, leftovers, population
+from tests.support import ROOT, cli, images, leftovers, population, sass
 from tests.support.cli import in_process as sparkbuild
 from tests.support.procs import pids_where
 
@@ -690,6 +692,53 @@ def test_vllms_own_mxfp4_selector_gives_gpt_oss_flashinfers_cutlass_with_the_pat
         assert "does not support expert biases" in found["gpt_oss_mxfp4"]["b12x"]["error"]
     # The NVFP4 selection is the main image's (the other patch): unchanged by this one.
     assert patched["nvfp4_w4a16"]["backend"] == "B12X" and patched["nvfp4_w4a4"]["backend"] == "FLASHINFER_CUTLASS"
+
+
+def flashinfer_moe_gemm(engine: Engine, image: str, gencode: str | None) -> dict[str, Any]:
+    """tests/data/flashinfer_moe_gemm.py run in ``image`` (FlashInfer's own JIT command for one
+    instantiation of its SM120 MXFP8 x MXFP4 grouped GEMM), and the MMA instructions of the object's
+    GEMM kernel. Kept by the image's id and the script, as the nvcc tests keep theirs: a compile is
+    a minute and a half on two cores."""
+    script = ROOT / "tests" / "data" / "flashinfer_moe_gemm.py"
+    key = hashlib.sha256(f"{engine.inspect(image)['Id']}\0{gencode}\0".encode() + script.read_bytes()).hexdigest()[:32]
+    kept = Options.from_env().cache / "test-nvcc" / f"flashinfer-{key}.json"
+    if kept.is_file():
+        found: dict[str, Any] = json.loads(kept.read_text())
+        return found
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        shutil.copy(script, folder)
+        out = folder / "out"
+        out.mkdir(mode=0o777)
+        command = ["python3", "/opt/probe/flashinfer_moe_gemm.py", "/out", *(["--gencode", gencode] if gencode else [])]
+        said = engine.output(image, command, mounts={folder: ("/opt/probe", "ro"), out: ("/out", "rw")}, timeout_s=1200)
+        found = json.loads(said.strip().splitlines()[-1])
+        listing = sass.gemm_sass(out / "gemm.o")
+    found.update(mma=sorted(sass.mma_instructions(listing)), instructions=sass.instructions(listing), trap="TRAP" in listing)
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    kept.write_text(json.dumps(found))
+    return found
+
+
+@pytest.mark.nvcc
+def test_gpt_oss_moe_kernel_as_flashinfers_jit_builds_it_for_a_gb10_is_a_block_scaled_mma(
+    gptoss: dict[str, Any], engine: Engine
+) -> None:
+    """Issue 44, item 1: the proof the CUTLASS MXFP4 patch carries (an SM12x GEMM built without an MMA
+    returns garbage, tests/patch/test_mxfp4_sm12x.py), for the kernel the gpt-oss image gives gpt-oss.
+    FlashInfer compiles its CUTLASS fused MoE on the GPU that runs it (JIT, nvcc in the image), so no
+    binary of it is in the image to read; in the rehearsed image, FlashInfer's own JIT spec for SM120
+    (its generator and its ninja command, with FLASHINFER_CUDA_ARCH_LIST=12.1 for the GB10 not here)
+    builds the bf16-output instantiation of its MXFP8 x MXFP4 grouped GEMM (the script says what it
+    trims). FlashInfer targets sm_121a, and its GEMM kernel is SM120's block-scaled MMA, FP4 x E4M3 with
+    E8M0 scales. Built for plain sm_121 (a JIT that lost the arch-specific suffix), the same source holds
+    no MMA at all: CUTLASS's SM120 collective becomes a trap."""
+    built = flashinfer_moe_gemm(engine, gptoss["image"], None)
+    assert built["flashinfer"] == "0.7.2.post1" and "-gencode=arch=compute_121a,code=sm_121a" in built["command"]
+    assert built["instantiation"].startswith("INSTANTIATE_TMA_WARP_SPECIALIZED_MOE_GEMM(Sm120, __nv_fp8_e4m3, SafeFP4,")
+    assert built["mma"] == ["QMMA.SF.16832.F32.E2M1.E4M3.E8"] and not built["trap"], built
+    plain = flashinfer_moe_gemm(engine, gptoss["image"], "arch=compute_121,code=sm_121")
+    assert plain["mma"] == [] and plain["trap"] and plain["instructions"] < 100, plain
 
 
 def test_gpt_oss_put_back_on_the_0_33_target_fails_its_predicted_start_up_naming_marlin(

@@ -16,23 +16,21 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import os
 import platform
 import re
 import shutil
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from sparkbuild import patch
-from sparkbuild.build import binaries
 from sparkbuild.config.options import Options
 from sparkbuild.patch import cmake
 from sparkbuild.patch.rules import mxfp4_cutlass_sm12x as rule
 from sparkbuild.upstream import sources
 from tests.support import nvcc
+from tests.support.sass import gemm_sass, mma_instructions
 from tests.support.trees import PATCHES, TreeFactory, Variant, variants
 
 CUTLASS_WHEEL = "nvidia_cutlass-4.2.0.0-py3-none-any.whl"
@@ -213,21 +211,6 @@ def compile_kernel(tree: Path, rel: str, gencode: str, define: str, includes: di
         args += ["-I", f"{{{name}}}"]
     roots = {**includes, "csrc": nvcc.Root(tree / "csrc")}
     return nvcc.compile_cached([*args, f"{{csrc}}/{rel.removeprefix('csrc/')}"], roots, "kernel.o", cache)
-
-
-def gemm_sass(obj: Path) -> str:
-    """The SASS of the CUTLASS GemmUniversal kernels in ``obj``."""
-    tool = binaries.cuobjdump()
-    # -sass runs nvdisasm; PyPI's nvidia-cuda-nvdisasm puts it beside PyPI's cuobjdump.
-    env = {**os.environ, "NVDISASM_PATH": str(tool.parent / "nvdisasm")} if (tool.parent / "nvdisasm").is_file() else None
-    done = subprocess.run([tool, "-sass", obj], capture_output=True, text=True, check=True, env=env)
-    kernels = re.split(r"\n\s*Function : ", done.stdout)
-    return "\n".join(k for k in kernels if k.startswith("_ZN7cutlass13device_kernel") and "GemmUniversal" in k[:200])
-
-
-def mma_instructions(sass: str) -> set[str]:
-    """MMA opcodes with their modifiers (a dot follows; the kernels' mangled names have none)."""
-    return set(re.findall(r"\b[A-Z]*MMA\.[A-Z0-9.]+", sass))
 
 
 @pytest.mark.nvcc
