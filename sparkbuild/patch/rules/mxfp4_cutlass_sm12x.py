@@ -10,12 +10,12 @@ FP4 source list (the one that builds ``nvfp4_scaled_mm_sm120_kernels.cu``).
 
 from __future__ import annotations
 
-import ast
 import re
 from pathlib import Path
 
 from sparkbuild.patch import cmake, fragments
 from sparkbuild.patch.overlay import Edit, Outcome, Overlay, RuleConflict, settle
+from sparkbuild.patch.rules import _mxfp4_oracle as mxfp4
 from sparkbuild.patch.source import Region, apply_regions
 
 NAME = "mxfp4-cutlass-sm12x"
@@ -143,37 +143,23 @@ def _python_gate(text: str, code: dict[str, str]) -> str:
     return apply_regions(text, (Region("CutlassExpertsMxfp4 gate", _PY_GATE, replace),))
 
 
-# Whether a build needs the patch follows what vLLM's selector does for gpt-oss's MoE layers (the
-# MXFP4 model Spark owners serve), not what another backend does for other checkpoints.
-ORACLE = "vllm/model_executor/layers/fused_moe/oracle/mxfp4.py"
-_SELECTOR = "select_mxfp4_moe_backend"
-_FILTER = "_filter_by_activation"
-
-
 def needed(tree: Path, cuda: str, arch_list: str) -> tuple[bool, str]:
-    """Not needed where the selector's automatic path filters by the requested activation format
-    (0.22.0 on): gpt-oss's layers declare none, so only BF16-activation backends are tried for them
-    and CUTLASS_MXFP4_MXFP4 (MXFP4 activations) never is; nor does its experts class apply the
-    expert biases gpt-oss has. Needed elsewhere (the kernel gated to SM10x, no filter)."""
+    """Whether a build needs the patch follows what vLLM's selector does for gpt-oss's MoE layers (the
+    MXFP4 model Spark owners serve), not what another backend does for other checkpoints. Not needed
+    where the selector's automatic walk filters by the requested activation format (0.22.0 on):
+    gpt-oss's layers declare none, so only BF16-activation backends are tried for them and
+    CUTLASS_MXFP4_MXFP4 (MXFP4 activations) never is; nor does its experts class apply the expert
+    biases gpt-oss has. Needed elsewhere (the kernel gated to SM10x, no filter)."""
     del cuda, arch_list
-    oracle = tree / ORACLE
-    at = _filtered_auto_path(oracle.read_text(encoding="utf-8")) if oracle.is_file() else None
-    if at is None:
+    oracle = tree / mxfp4.ORACLE
+    found = mxfp4.selectors(oracle.read_text(encoding="utf-8")) if oracle.is_file() else []
+    walks = mxfp4.filtered_walks(found[0]) if len(found) == 1 else []
+    if len(walks) != 1:
         return True, "its change is not in this release"
     return False, (
-        f"{_SELECTOR}() offers a layer that declares no activation format (gpt-oss) the BF16-activation backends "
-        f"only ({_FILTER}, {ORACLE}:{at}): CUTLASS_MXFP4_MXFP4 (MXFP4 activations) is never tried for gpt-oss's "
-        "MoE, and CutlassExpertsMxfp4 applies no expert biases; gpt-oss on SM12x is mxfp4-moe-flashinfer-sm12x's. "
-        "A checkpoint that declares MXFP4 activations would take it (or upstream's b12x: --moe-backend b12x)"
+        f"{mxfp4.SELECTOR}() offers a layer that declares no activation format (gpt-oss) the BF16-activation backends "
+        f"only ({mxfp4.FILTER}, {mxfp4.ORACLE}:{walks[0].lineno}): CUTLASS_MXFP4_MXFP4 (MXFP4 activations) is never "
+        "tried for gpt-oss's MoE, and CutlassExpertsMxfp4 applies no expert biases; gpt-oss on SM12x is "
+        "mxfp4-moe-flashinfer-sm12x's. A checkpoint that declares MXFP4 activations would take it (or upstream's b12x: "
+        "--moe-backend b12x)"
     )
-
-
-def _filtered_auto_path(text: str) -> int | None:
-    """The line of ``AVAILABLE_BACKENDS = _filter_by_activation(...)`` in the selector's own body."""
-    for node in ast.parse(text).body:
-        if isinstance(node, ast.FunctionDef) and node.name == _SELECTOR:
-            for statement in node.body:
-                value = statement.value if isinstance(statement, ast.Assign) else None
-                if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == _FILTER:
-                    return statement.lineno
-    return None

@@ -25,16 +25,17 @@ import ast
 from pathlib import Path
 
 from sparkbuild.patch.overlay import Edit, Outcome, Overlay, RuleConflict, judged, marker_without_change
+from sparkbuild.patch.rules import _mxfp4_oracle as mxfp4
 
 NAME = "mxfp4-moe-flashinfer-sm12x"
 MARKER = f"sparkbuild {NAME}"
-ORACLE = "vllm/model_executor/layers/fused_moe/oracle/mxfp4.py"
+ORACLE = mxfp4.ORACLE
 READS = (ORACLE,)
 # The only file the rule may change: a Python module, so a build with this patch needs no compile.
 WRITES = (ORACLE,)
-SELECTOR = "select_mxfp4_moe_backend"
-LIST = "AVAILABLE_BACKENDS"
-FILTER = "_filter_by_activation"
+SELECTOR = mxfp4.SELECTOR
+LIST = mxfp4.LIST
+FILTER = mxfp4.FILTER
 ENUM = "Mxfp4MoeBackend"
 BACKEND = "FLASHINFER_CUTLASS_MXFP4_MXFP8"
 MARLIN = "MARLIN"
@@ -111,7 +112,7 @@ def backend_members(text: str) -> list[str]:
 
 
 def selector_function(text: str) -> ast.FunctionDef:
-    found = [n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == SELECTOR]
+    found = mxfp4.selectors(text)
     if len(found) != 1:
         raise RuleConflict(f"expected one {SELECTOR}(), found {len(found)}; update the rule")
     return found[0]
@@ -120,15 +121,7 @@ def selector_function(text: str) -> ast.FunctionDef:
 def filtered_list(selector: ast.FunctionDef) -> ast.Assign:
     """The one ``AVAILABLE_BACKENDS = _filter_by_activation(...)`` statement of the selector's
     automatic path, a statement of the function's own body (so an ``if`` can follow it)."""
-    found = [
-        n
-        for n in selector.body
-        if isinstance(n, ast.Assign)
-        and any(isinstance(t, ast.Name) and t.id == LIST for t in n.targets)
-        and isinstance(n.value, ast.Call)
-        and isinstance(n.value.func, ast.Name)
-        and n.value.func.id == FILTER
-    ]
+    found = mxfp4.filtered_walks(selector)
     if len(found) != 1:
         raise RuleConflict(f"expected one {LIST} = {FILTER}(...) in {SELECTOR}(), found {len(found)}; update the rule")
     names = {n.id for n in ast.walk(selector) if isinstance(n, ast.Name)}
