@@ -26,6 +26,13 @@ def plans() -> dict[str, plan.TargetPlan]:
     return {p.id: p for p in plan.make(Options.from_env(matrix=ROOT / "matrix.yaml", date="20261121"))}
 
 
+def three() -> tuple[plan.TargetPlan, plan.TargetPlan, plan.TargetPlan]:
+    """The local target, the 0.33.0 Spark target and the 0.19.0 one of the shipped matrix."""
+    by_id = plans()
+    local = next(p for p in by_id.values() if p.target.profile == "local")
+    return local, by_id["vllm-0.33.0-cu130-sm121"], by_id["vllm-0.19.0-cu129-sm121"]
+
+
 def job_output(artifacts: Path, run: pipeline.TargetRun) -> Path:
     """What one target's job uploads: its lane's summary.json, written by the lane's own report."""
     out = artifacts / f"{PREFIX}{run.plan.id}"
@@ -54,7 +61,7 @@ def test_a_summary_row_has_the_keys_the_merge_reads() -> None:
 
 
 def test_the_merged_table_has_every_target_a_failed_one_failed_and_a_missing_one_missing(tmp_path: Path) -> None:
-    local, spark, older = plans().values()
+    local, spark, older = three()
     failed = pipeline.TargetRun(
         spark, status=pipeline.Status.FAILED, failed_at=pipeline.Status.BUILDING, error="nvcc ran out of memory"
     )
@@ -79,7 +86,7 @@ def test_the_merged_table_has_every_target_a_failed_one_failed_and_a_missing_one
 
 
 def test_a_target_without_its_artifact_is_missing_too(tmp_path: Path) -> None:
-    local, spark, _ = plans().values()
+    local, spark, _ = three()
     job_output(tmp_path, published(local))
     result = merge(tmp_path, [local.id, spark.id])
     assert result.code == errors.LaneFailed.exit_code
