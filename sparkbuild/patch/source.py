@@ -69,3 +69,9 @@ def apply_regions(text: str, regions: tuple[Region, ...]) -> str:
         at = head.rfind(r.find)
         text = text[:at] + r.replace + text[at + len(r.find) :]
     return text
+
+
+def line_layout(line: str) -> tuple[str, str]:
+    """A line's leading indent and its line ending (``\n``, ``\r\n`` or none): what a rule's new
+    lines copy so they sit in the file as its own do."""
+    return line[: len(line) - len(line.lstrip())], line[len(line.rstrip("\r\n")) :]

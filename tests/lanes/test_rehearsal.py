@@ -447,6 +447,30 @@ def test_the_patch_is_in_the_installed_file_and_the_wheels_record(from_wheel: di
     assert "repacked vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl sha256:" in found["sources"]
 
 
+def selector_runs(
+    built: dict[str, Any], target_id: str, release_file: str, both_ways: Path, engine: Engine, tmp_path: Path
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """tests/data/select_moe_backend.py in a rehearsed image (vLLM's real selectors, a GB10's capability
+    FAKED, its kernels loaded against the devel base's stub driver): as built (patched), and with
+    ``release_file`` of the release's own sdist mounted over the installed one (unpatched)."""
+    m = plan.load_matrix(Options.from_env(matrix=both_ways))
+    target = rehearsal_target(next(t for t in m.targets if t.id == target_id), m)
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    engine.copy_out(plan.base_name(target.base, target.platform), "/usr/local/cuda/lib64/stubs/libcuda.so", probe)
+    shutil.copy(ROOT / "tests" / "data" / "select_moe_backend.py", probe)
+    shutil.copy(ROOT / "sparkbuild" / "image" / "startup_probe.py", probe)
+    release = sources.vllm_sdist("0.33.0", Options.from_env().cache) / release_file
+    installed = f"{built['checks']['vllm_path']}/{release_file.removeprefix('vllm/')}"
+    command = ["python3", "/opt/probe/select_moe_backend.py", "/opt/probe/libcuda.so"]
+
+    def selected(mounts: dict[Path, tuple[str, str]]) -> dict[str, Any]:
+        found: dict[str, Any] = json.loads(engine.output(built["image"], command, mounts=mounts).strip().splitlines()[-1])
+        return found
+
+    return selected({probe: ("/opt/probe", "ro")}), selected({probe: ("/opt/probe", "ro"), release: (installed, "ro")})
+
+
 def test_vllms_own_selector_takes_b12x_with_the_patch_and_marlin_without(
     from_wheel: dict[str, Any], both_ways: Path, engine: Engine, tmp_path: Path
 ) -> None:
@@ -456,25 +480,9 @@ def test_vllms_own_selector_takes_b12x_with_the_patch_and_marlin_without(
     driver). An NVFP4 W4A16 layer (FP4 weights, bf16 activations) gets B12X; with the release's own
     oracle file mounted over the patched one, Marlin, as vLLM 0.33.0 picks on a Spark (vLLM issue
     #54666). A W4A4 layer gets FlashInfer's CUTLASS either way: the patch reorders nothing before Marlin."""
-    m = plan.load_matrix(Options.from_env(matrix=both_ways))
-    target = rehearsal_target(next(t for t in m.targets if t.id == WHEEL_TARGET), m)
-    probe = tmp_path / "probe"
-    probe.mkdir()
-    engine.copy_out(plan.base_name(target.base, target.platform), "/usr/local/cuda/lib64/stubs/libcuda.so", probe)
-    shutil.copy(ROOT / "tests" / "data" / "select_moe_backend.py", probe)
-    shutil.copy(ROOT / "sparkbuild" / "image" / "startup_probe.py", probe)
-    release = sources.vllm_sdist("0.33.0", Options.from_env().cache) / PYTHON_FILE
-    installed = f"{from_wheel['checks']['vllm_path']}/{PYTHON_FILE.removeprefix('vllm/')}"
-    command = ["python3", "/opt/probe/select_moe_backend.py", "/opt/probe/libcuda.so"]
-
-    def selected(mounts: dict[Path, tuple[str, str]]) -> dict[str, Any]:
-        found: dict[str, Any] = json.loads(engine.output(from_wheel["image"], command, mounts=mounts).strip().splitlines()[-1])
-        return found
-
-    patched = selected({probe: ("/opt/probe", "ro")})
+    patched, unpatched = selector_runs(from_wheel, WHEEL_TARGET, PYTHON_FILE, both_ways, engine, tmp_path)
     assert patched["patched"] and patched["b12x_installed"] and patched["b12x_supports_device"], patched
     assert patched["nvfp4_w4a16"] == {"backend": "B12X", "experts": "B12xExperts"}
-    unpatched = selected({probe: ("/opt/probe", "ro"), release: (installed, "ro")})
     assert not unpatched["patched"] and unpatched["nvfp4_w4a16"]["backend"] == "MARLIN"
     assert patched["nvfp4_w4a4"]["backend"] == unpatched["nvfp4_w4a4"]["backend"] == "FLASHINFER_CUTLASS"
 
@@ -667,23 +675,7 @@ def test_vllms_own_mxfp4_selector_gives_gpt_oss_flashinfers_cutlass_with_the_pat
     release's own oracle file mounted over the patched one, MARLIN, as vLLM 0.33.0 picks on a Spark (vLLM
     issue #41477). The kernel was there all along: asked for by name, vLLM takes it unpatched too; b12x
     refuses the layer's biases either way."""
-    m = plan.load_matrix(Options.from_env(matrix=both_ways))
-    target = rehearsal_target(next(t for t in m.targets if t.id == GPTOSS_TARGET), m)
-    probe = tmp_path / "probe"
-    probe.mkdir()
-    engine.copy_out(plan.base_name(target.base, target.platform), "/usr/local/cuda/lib64/stubs/libcuda.so", probe)
-    shutil.copy(ROOT / "tests" / "data" / "select_moe_backend.py", probe)
-    shutil.copy(ROOT / "sparkbuild" / "image" / "startup_probe.py", probe)
-    release = sources.vllm_sdist("0.33.0", Options.from_env().cache) / MXFP4_FILE
-    installed = f"{gptoss['checks']['vllm_path']}/{MXFP4_FILE.removeprefix('vllm/')}"
-    command = ["python3", "/opt/probe/select_moe_backend.py", "/opt/probe/libcuda.so"]
-
-    def selected(mounts: dict[Path, tuple[str, str]]) -> dict[str, Any]:
-        found: dict[str, Any] = json.loads(engine.output(gptoss["image"], command, mounts=mounts).strip().splitlines()[-1])
-        return found
-
-    patched = selected({probe: ("/opt/probe", "ro")})
-    unpatched = selected({probe: ("/opt/probe", "ro"), release: (installed, "ro")})
+    patched, unpatched = selector_runs(gptoss, GPTOSS_TARGET, MXFP4_FILE, both_ways, engine, tmp_path)
     assert patched["mxfp4_patched"] and not unpatched["mxfp4_patched"]
     assert patched["gpt_oss_mxfp4"]["auto"] == {"backend": "FLASHINFER_CUTLASS_MXFP4_MXFP8"}
     assert unpatched["gpt_oss_mxfp4"]["auto"] == {"backend": "MARLIN"}

@@ -19,7 +19,7 @@ from typing import Any
 from sparkbuild import patch
 from sparkbuild.patch.overlay import Overlay
 from sparkbuild.patch.rules import mxfp4_moe_flashinfer_sm12x as rule
-from tests.support.trees import PATCHES, TreeFactory
+from tests.support.trees import PATCHES, TreeFactory, replace_once, status_of
 
 ORACLE = rule.ORACLE
 NAME = rule.NAME
@@ -68,15 +68,11 @@ def walk(text: str, family: int, requested: Any = None) -> list[str]:
 
 
 def only(tree: Path, version: str) -> patch.Result:
-    (result,) = patch.check(tree, patch.load(PATCHES, (NAME,)), version).results
-    return result
+    return status_of(tree, version, NAME)
 
 
 def edit(tree: Path, old: str, new: str) -> None:
-    path = tree / ORACLE
-    text = path.read_text()
-    assert text.count(old) == 1, old
-    path.write_text(text.replace(old, new))
+    replace_once(tree / ORACLE, old, new)
 
 
 def test_unpatched_gpt_oss_walks_no_non_marlin_mxfp4_kernel_on_sm12x(pristine: TreeFactory) -> None:

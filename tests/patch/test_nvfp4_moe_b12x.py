@@ -24,7 +24,7 @@ from sparkbuild.patch import need
 from sparkbuild.patch.overlay import Overlay
 from sparkbuild.patch.rules import nvfp4_moe_b12x_auto as rule
 from tests.support import ROOT
-from tests.support.trees import PATCHES, RELEASES, TreeFactory, Variant, variants
+from tests.support.trees import PATCHES, RELEASES, TreeFactory, Variant, replace_once, status_of, variants
 
 ORACLE = rule.ORACLE
 NAME = rule.NAME
@@ -124,15 +124,11 @@ def test_patched_auto_selection_tries_b12x_right_before_marlin(
 
 
 def only(tree: Path, version: str) -> patch.Result:
-    (result,) = patch.check(tree, patch.load(PATCHES, (NAME,)), version).results
-    return result
+    return status_of(tree, version, NAME)
 
 
 def edit(tree: Path, old: str, new: str) -> None:
-    path = tree / ORACLE
-    text = path.read_text()
-    assert text.count(old) == 1, old
-    path.write_text(text.replace(old, new))
+    replace_once(tree / ORACLE, old, new)
 
 
 # MARLIN in the walked list (its next entry, HUMMING, tells it from the clamp set's MARLIN).

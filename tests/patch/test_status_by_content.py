@@ -27,7 +27,7 @@ from sparkbuild.errors import BuildError
 from sparkbuild.patch import fragments
 from sparkbuild.patch.rules import e2m1_software, flashinfer_sinks_sm12x, mxfp4_cutlass_sm12x
 from tests.support import ROOT
-from tests.support.trees import PATCHES, TreeFactory, tree_hash
+from tests.support.trees import PATCHES, TreeFactory, status_of, tree_hash
 
 SINKS = flashinfer_sinks_sm12x.BACKEND
 
@@ -38,8 +38,7 @@ def header(tree: Path) -> str:
 
 
 def only(tree: Path, version: str, name: str) -> patch.Result:
-    (result,) = patch.check(tree, patch.load(PATCHES, (name,)), version).results
-    return result
+    return status_of(tree, version, name)
 
 
 def prepend(path: Path, line: str) -> None:

@@ -142,3 +142,16 @@ def variants(sweep: dict[str, patch.Report], name: str, patched: bool = True) ->
                 found.setdefault(hashlib.sha256(content.encode()).hexdigest()[:12], []).append((version, rel))
     assert found, f"no release has a {name} the patches change"
     return [Variant(uses[-1][1], digest, uses[-1][0], tuple(v for v, _ in uses)) for digest, uses in found.items()]
+
+
+def status_of(tree: Path, version: str, name: str) -> patch.Result:
+    """Patch ``name``'s result on ``tree`` (the release ``version``), checked alone."""
+    (result,) = patch.check(tree, patch.load(PATCHES, (name,)), version).results
+    return result
+
+
+def replace_once(path: Path, old: str, new: str) -> None:
+    """``old``, which the file holds exactly once, replaced by ``new``."""
+    text = path.read_text()
+    assert text.count(old) == 1, old
+    path.write_text(text.replace(old, new))

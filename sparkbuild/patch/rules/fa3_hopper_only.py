@@ -24,6 +24,7 @@ import ast
 from pathlib import Path
 
 from sparkbuild.patch.overlay import Edit, Outcome, Overlay, RuleConflict, judged, marker_without_change
+from sparkbuild.patch.source import line_layout
 
 NAME = "fa3-hopper-only"
 MARKER = f"sparkbuild {NAME}"
@@ -106,8 +107,7 @@ def guard(text: str, statement: ast.stmt) -> str:
     assert statement.end_lineno is not None
     lines = text.splitlines(keepends=True)
     first = lines[statement.lineno - 1]
-    indent = first[: len(first) - len(first.lstrip())]
-    ending = first[len(first.rstrip("\r\n")) :]
+    indent, ending = line_layout(first)
     body = [("    " + line if line.strip() else line) for line in lines[statement.lineno - 1 : statement.end_lineno]]
     head = [f"{indent}{COMMENT}{ending}", f"{indent}if {CONDITION}:{ending}"]
     return "".join(lines[: statement.lineno - 1] + head + body + lines[statement.end_lineno :])

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from sparkbuild.patch.overlay import Edit, Outcome, Overlay, RuleConflict, judged, marker_without_change
 from sparkbuild.patch.rules import _mxfp4_oracle as mxfp4
+from sparkbuild.patch.source import line_layout
 
 NAME = "mxfp4-moe-flashinfer-sm12x"
 MARKER = f"sparkbuild {NAME}"
@@ -140,8 +141,7 @@ def insert(text: str, statement: ast.Assign) -> str:
     assert statement.end_lineno is not None
     lines = text.splitlines(keepends=True)
     first = lines[statement.lineno - 1]
-    indent = first[: len(first) - len(first.lstrip())]
-    ending = first[len(first.rstrip("\r\n")) :]
+    indent, ending = line_layout(first)
     block = [f"{indent}{line}{ending}" for line in BLOCK.splitlines()]
     lines[statement.end_lineno : statement.end_lineno] = block
     return "".join(lines)

@@ -22,6 +22,7 @@ import ast
 from pathlib import Path
 
 from sparkbuild.patch.overlay import Edit, Outcome, Overlay, RuleConflict, judged, marker_without_change
+from sparkbuild.patch.source import line_layout
 
 NAME = "nvfp4-moe-b12x-auto"
 MARKER = f"sparkbuild {NAME}"
@@ -132,8 +133,7 @@ def insert(text: str, order: list[tuple[str, int]]) -> str:
     marlin = lines[at - 1]
     if marlin.strip() != f"{ENUM}.{MARLIN},":
         raise RuleConflict(f"line {at} is {marlin.strip()!r}, not {ENUM}.{MARLIN}, on a line of its own; update the rule")
-    indent = marlin[: len(marlin) - len(marlin.lstrip())]
-    ending = marlin[len(marlin.rstrip("\r\n")) :]
+    indent, ending = line_layout(marlin)
     lines.insert(at - 1, f"{indent}{ENUM}.{B12X},  {COMMENT}{ending}")
     return "".join(lines)
 
