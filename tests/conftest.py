@@ -11,6 +11,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urljoin
 
 import pytest
@@ -22,7 +23,7 @@ from sparkbuild.models import model
 from sparkbuild.oci.engine import Engine
 from sparkbuild.oci.registry import Registry, embedded
 from sparkbuild.plan import matrix
-from tests.support import ROOT, cli, images, leftovers
+from tests.support import ROOT, cli, images, leftovers, workers
 from tests.support import matrix as support_matrix
 from tests.support.matrix import MatrixWriter
 
@@ -60,7 +61,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """Where the session runs tests that serve check models (``docker``) and the cache lacks some (a cold
     run: about ten minutes of making, on one core by design), they are made in the background from the
     start, while the first tests build images; a test that needs one meanwhile waits on its lock."""
-    if os.environ.get("PYTEST_XDIST_WORKER") or not any(item.get_closest_marker("docker") for item in session.items):
+    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
+        return  # one worker makes them; the other waits on a model's lock where it needs one first
+    if not any(item.get_closest_marker("docker") for item in session.items):
         return
     cache = models_cache()
     missing = [n for n in EARLY_MODELS if not (model.model_dir(cache, n) / "sparkbuild-model.json").is_file()]
@@ -73,13 +76,50 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         _early["making"] = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    workers.configure(config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist's controller, as it starts a worker: the session's shared folder."""
+    workers.configure_node(node)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """A worker ended: the build records its tests marked as the next session's."""
+    for block, ids in (getattr(node, "workeroutput", {}) or {}).get("kept", {}).items():
+        leftovers.KEPT.setdefault(block, set()).update(ids)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Each test's turn: beside the other worker's, or ``alone`` (tests/support/workers.py)."""
+    with workers.turn(item.config, item.get_closest_marker("alone") is not None):
+        yield
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """A making still under way when the session ends (a run cut short, or one that needed no model) is
-    interrupted: its half-made folder is removed (the making's own cleanup), never cached."""
+    interrupted: its half-made folder is removed (the making's own cleanup), never cached.
+
+    A worker hands the controller the records its tests kept; the controller (or the one process of a
+    run without workers), once every test has ended, removes what the session left in the engine."""
     making = _early.pop("making", None)
     if making is not None and making.poll() is None:
         os.killpg(making.pid, signal.SIGINT)
         making.wait(timeout=60)
+    if workers.is_worker(session.config):
+        session.config.workeroutput["kept"] = {b: sorted(ids) for b, ids in leftovers.KEPT.items()}  # type: ignore[attr-defined]
+        return
+    before = workers.done("engine")
+    if before is not None and os.environ.get("SPARKBUILD_TEST_KEEP_IMAGES") != "1":
+        leftovers.clean(Engine(), set(before))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    workers.unconfigure(config)
 
 
 @pytest.fixture(autouse=True)
@@ -101,17 +141,14 @@ def write_matrix(tmp_path: Path) -> MatrixWriter:
 
 
 @pytest.fixture(scope="session")
-def engine() -> Iterator[Engine]:
-    """The Docker engine; what the session leaves in it is removed at its end
-    (tests/support/leftovers.py), unless SPARKBUILD_TEST_KEEP_IMAGES=1 keeps it to look at."""
+def engine() -> Engine:
+    """The Docker engine. The first worker to ask removes what an earlier session cut short left in
+    it and notes its build records; what this session leaves is removed as it ends
+    (``pytest_sessionfinish``, tests/support/leftovers.py), unless SPARKBUILD_TEST_KEEP_IMAGES=1 keeps
+    it to look at."""
     found = Engine()
-    keep = os.environ.get("SPARKBUILD_TEST_KEEP_IMAGES") == "1"
-    if not keep:
-        leftovers.remove_test_images(found)  # an earlier session's, cut short before its end
-    before = {r.id for r in found.build_cache()}
-    yield found
-    if not keep:
-        leftovers.clean(found, before)
+    workers.once("engine", lambda: leftovers.start(found, keep=os.environ.get("SPARKBUILD_TEST_KEEP_IMAGES") == "1"))
+    return found
 
 
 @pytest.fixture(scope="session")
@@ -128,7 +165,8 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     models = Path(os.environ.get("SPARKBUILD_TEST_MODELS") or options.default_cache() / "models")
     models.mkdir(parents=True, exist_ok=True)
     (folder / "models").symlink_to(models)
-    (folder / "registry").symlink_to(emptied_registry())
+    # Emptied once a session, by the first worker that asks (the other may be publishing to it by then).
+    (folder / "registry").symlink_to(Path(workers.once("registry", lambda: str(emptied_registry()))))
     return folder
 
 
@@ -200,6 +238,7 @@ NEEDS_DOCKER = frozenset({"engine", "base"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items[:] = workers.ordered(items)
     unmarked = [
         item.nodeid
         for item in items

@@ -27,7 +27,7 @@ from packaging.version import Version
 from sparkbuild.patch import diff, engine, meta, need, pullrequest, rules
 from sparkbuild.patch.overlay import Status
 from sparkbuild.upstream import sources
-from sparkbuild.util import fsutil, log
+from sparkbuild.util import fsutil, log, runlock
 
 # The sweep starts here: the oldest release any patch's range reaches.
 SINCE = Version("0.10.0")
@@ -106,20 +106,34 @@ def tree(
     if full_ok and (full / ".sparkbuild-unpacked").is_file():
         return full
     slice_ = cache / folder / f"vllm-{version}"
-    stamp = slice_ / STAMP
-    held = tuple(json.loads(stamp.read_text(encoding="utf-8"))["patterns"]) if stamp.is_file() else ()
-    if held and all(covered(p, held) for p in patterns):
+    if _holds(slice_, patterns):
         return slice_
-    # A slice only grows: what it held stays, so callers that read less never narrow it for the others.
-    patterns = tuple(sorted(set(patterns) | set(held)))
-    link = link or sources.sdist_link(version)
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".download-", dir=cache) as tmp:
-        archive = sources.fetch(link, Path(tmp))
-        count = sources.unpack_matching(archive, slice_, f"vllm-{version}", patterns)
-    record = {"sdist": link.filename, "sha256": link.sha256, "patterns": list(patterns), "files": count}
-    stamp.write_text(json.dumps(record) + "\n", encoding="utf-8")
+    # Two runs on one cache (a patch table beside a nightly, the suite's two workers) make a slice once:
+    # the second waits, then finds it made.
+    with runlock.hold(slice_.parent / f".vllm-{version}.lock", f"the source slice {slice_}"):
+        if _holds(slice_, patterns):
+            return slice_
+        # A slice only grows: what it held stays, so callers that read less never narrow it for the others.
+        patterns = tuple(sorted(set(patterns) | set(_held(slice_))))
+        link = link or sources.sdist_link(version)
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".download-", dir=cache) as tmp:
+            archive = sources.fetch(link, Path(tmp))
+            count = sources.unpack_matching(archive, slice_, f"vllm-{version}", patterns)
+        record = {"sdist": link.filename, "sha256": link.sha256, "patterns": list(patterns), "files": count}
+        (slice_ / STAMP).write_text(json.dumps(record) + "\n", encoding="utf-8")
     return slice_
+
+
+def _held(slice_: Path) -> tuple[str, ...]:
+    """The patterns a slice was unpacked with (none where it was never made)."""
+    stamp = slice_ / STAMP
+    return tuple(json.loads(stamp.read_text(encoding="utf-8"))["patterns"]) if stamp.is_file() else ()
+
+
+def _holds(slice_: Path, patterns: tuple[str, ...]) -> bool:
+    held = _held(slice_)
+    return bool(held) and all(covered(p, held) for p in patterns)
 
 
 def covered(pattern: str, held: tuple[str, ...]) -> bool:

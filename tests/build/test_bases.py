@@ -94,6 +94,7 @@ def test_an_arm64_base_made_here_is_arm64_and_a_build_from_it_asks_no_registry(
         engine.remove_image("sparkbuild-test/from-arm64-base:1")
 
 
+@pytest.mark.alone  # a 20 s bound on an emulated step: no other test's load in it
 def test_an_emulated_step_that_hangs_is_stopped_at_its_bound_naming_the_step(
     engine: Engine, cache: Path, arm64: str, tmp_path: Path
 ) -> None:

@@ -128,6 +128,7 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
         yield reg
 
 
+@pytest.mark.alone  # it removes the torch stage, which the local image's builds share by content
 def test_stages_are_built_once_shared_and_pulled_by_another_runner(
     engine: Engine, base: str, cache: Path, tmp_path: Path, registry: Registry
 ) -> None:
@@ -158,6 +159,7 @@ def test_stages_are_built_once_shared_and_pulled_by_another_runner(
     assert leftovers.registry_names(engine, registry.host) == []
 
 
+@pytest.mark.alone  # as above: the torch stage goes from the engine
 def test_a_stage_in_the_registry_alone_is_found_by_its_qualified_name(
     engine: Engine, base: str, cache: Path, tmp_path: Path, registry: Registry
 ) -> None:

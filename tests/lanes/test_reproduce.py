@@ -33,6 +33,9 @@ from sparkbuild.plan.plan import TargetPlan
 from tests.support import ROOT, cli
 from tests.support.matrix import LOCAL_PLATFORM, local_target
 
+# alone: reproduce prunes every build record made while it ran, and these tests count the engine's.
+pytestmark = pytest.mark.alone
+
 # Stages of names the disk table does not have: built first by their content (``built``), the disk
 # check counts what one build of each writes by its image, megabytes, not the table's gigabytes.
 WHEEL_STAGE = """\

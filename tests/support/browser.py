@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.support import setup_script
+from tests.support import setup_script, workers
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser
@@ -19,10 +19,10 @@ if TYPE_CHECKING:
 @pytest.fixture(scope="session")
 def chromium() -> str:
     """The path of a chromium executable, or the test skips saying why."""
-    ran, said = setup_script("browser")
+    ran, said = workers.once("browser", lambda: list(setup_script("browser")))  # one apt-get at a time
     if not ran:
         pytest.skip(f"no browser for the page tests: {said}")
-    return said
+    return str(said)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from sparkbuild.util import host
-from tests.support import setup_script
+from tests.support import setup_script, workers
 
 ARM64 = "linux/arm64"
 
@@ -27,7 +27,8 @@ def _ready() -> tuple[bool, str]:
 def arm64() -> str:
     """The platform ``linux/arm64``, runnable here (natively or emulated), or the test skips saying why.
     Session-scoped: the script runs once, and pytest keeps a skip for every later test that asks."""
-    runs, how = _ready()
+    # Once a session: the other worker must not register the handler again under a build of its own.
+    runs, how = workers.once("arm64", lambda: list(_ready()))
     if not runs:
         pytest.skip(how)
     return ARM64

@@ -51,7 +51,9 @@ def kept_file() -> Path:
 @contextlib.contextmanager
 def kept_for_next_session(engine: Engine, block: str) -> Iterator[None]:
     """The records the builds inside this block make are kept when the session ends, with the ones
-    earlier sessions kept for it (no test builds beside it: the suite runs one test at a time)."""
+    earlier sessions kept for it. A build of the other worker's that ends meanwhile is kept with them:
+    the tests' own builds are small and made the same way each session (a layer over the local
+    image), so the next session's build of it finds them, and the block's bound holds them all."""
     before = {r.id for r in engine.build_cache()}
     try:
         yield
@@ -119,6 +121,14 @@ def orphaned_jit_volumes(engine: Engine) -> list[str]:
         if named and named.group(1) not in ids:
             found.append(volume.name)
     return sorted(found)
+
+
+def start(engine: Engine, *, keep: bool) -> list[str]:
+    """As a session starts: an earlier session's test images go (one cut short before its end),
+    unless ``keep``; the ids of the engine's build records now, which the session's end keeps."""
+    if not keep:
+        remove_test_images(engine)
+    return sorted(r.id for r in engine.build_cache())
 
 
 def made_in_session(engine: Engine, before: set[str]) -> list[CacheRecord]:

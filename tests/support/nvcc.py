@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from sparkbuild.util import fsutil, runlock
+
 PLAIN_SM121 = "arch=compute_121,code=sm_121"
 SM121A = "arch=compute_121a,code=sm_121a"
 COMPUTE_120 = "arch=compute_120,code=compute_120"
@@ -64,18 +66,19 @@ def compile_cached(args: list[str], roots: dict[str, Root], out_name: str, cache
         h.update(_content_hash(roots[name]).encode())
     folder = cache_dir / "test-nvcc" / h.hexdigest()[:32]
     result = folder / "result.json"
-    if result.is_file():
-        data = json.loads(result.read_text())
-        return Compiled(data["returncode"], data["stderr"], folder / out_name)
     folder.mkdir(parents=True, exist_ok=True)
-    filled = [a.format(**{n: str(r.path) for n, r in roots.items()}) for a in args]
-    done = subprocess.run([nvcc(), *filled, "-o", str(folder / out_name)], capture_output=True, text=True, check=False)
-    # Paths of this run's scratch folders would make cached messages differ from fresh ones.
-    stderr = done.stderr
-    for name, r in roots.items():
-        stderr = stderr.replace(str(r.path), f"{{{name}}}")
-    result.write_text(json.dumps({"returncode": done.returncode, "stderr": stderr[-6000:]}))
-    return Compiled(done.returncode, stderr[-6000:], folder / out_name)
+    # One compile of a key at a time (the suite's two workers): the second waits and reads the first's.
+    with runlock.hold(folder / "compile.lock", f"the nvcc compile in {folder}"):
+        if not result.is_file():
+            filled = [a.format(**{n: str(r.path) for n, r in roots.items()}) for a in args]
+            done = subprocess.run([nvcc(), *filled, "-o", str(folder / out_name)], capture_output=True, text=True, check=False)
+            # Paths of this run's scratch folders would make cached messages differ from fresh ones.
+            stderr = done.stderr
+            for name, r in roots.items():
+                stderr = stderr.replace(str(r.path), f"{{{name}}}")
+            fsutil.write_text(result, json.dumps({"returncode": done.returncode, "stderr": stderr[-6000:]}))
+    data = json.loads(result.read_text())
+    return Compiled(data["returncode"], data["stderr"], folder / out_name)
 
 
 def _content_hash(root: Root) -> str:

@@ -25,7 +25,8 @@ from sparkbuild.verify.benchmark import Benchmark
 from tests.support import DATA, ROOT, speedrig
 from tests.support.matrix import LOCAL_PLATFORM, local_id
 
-pytestmark = pytest.mark.docker
+# alone: its figures are held consistent across levels, which another test's load would move.
+pytestmark = [pytest.mark.docker, pytest.mark.alone]
 
 RECORDED = DATA / "bench"
 

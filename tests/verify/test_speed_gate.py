@@ -36,7 +36,8 @@ from sparkbuild.verify import benchreport, regression
 from sparkbuild.verify.benchmark import Benchmark
 from tests.support import ROOT, speedrig
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+# alone: the other worker's load would move the figures the gate compares.
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.alone]
 
 # A decode step of the tiny models here takes a few ms: these make the slowed step several times longer.
 DECODE_SLEEP_S = 0.02

@@ -1,0 +1,153 @@
+"""The suite on two workers (pytest-xdist; ``-n 2 --dist loadfile`` in pyproject.toml).
+
+Each worker is a pytest session of its own, while the Docker engine, the user's cache and the kept
+test registry are one. So:
+
+- what a session does once to that shared state (empty the kept registry, remove an earlier
+  session's test images and note the engine's build records, run ``scripts/emulation``) is done by
+  the worker that asks first, under a lock, and the other reads its result (``once``);
+- what the session leaves in the engine is removed once, by the controller, after both workers
+  end (``finish``), with the build records each worker's tests marked as the next session's;
+- a test marked ``alone`` runs while no other test runs (``turn``): the speed gate's measurements
+  (the other worker's load would move them), and the tests that prune or count the engine's build
+  records, or remove a stage image other tests share. Every other test runs beside one other.
+
+``--dist loadfile`` keeps a module on one worker: its module fixtures (an image built, a server
+started) are made once, and the names a module gives its images are its own.
+``pytest -p no:xdist`` or ``-n 0`` runs the suite in one process, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# The folder the controller makes for the session and hands each worker (``workerinput``).
+SESSION_KEY = "sparkbuild_session"
+_session: dict[str, Path] = {}
+
+
+def is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def configure(config: pytest.Config) -> None:
+    """The session's shared folder: the controller's (or the single process's) own, a worker's from its input."""
+    if is_worker(config):
+        _session["dir"] = Path(config.workerinput[SESSION_KEY])  # type: ignore[attr-defined]
+    else:
+        _session["dir"] = Path(tempfile.mkdtemp(prefix="sparkbuild-test-session-"))
+
+
+def configure_node(node: Any) -> None:
+    node.workerinput[SESSION_KEY] = str(_session["dir"])
+
+
+def unconfigure(config: pytest.Config) -> None:
+    if not is_worker(config) and "dir" in _session:
+        shutil.rmtree(_session.pop("dir"), ignore_errors=True)
+
+
+def session_dir() -> Path:
+    return _session["dir"]
+
+
+@contextlib.contextmanager
+def _locked(name: str, mode: int) -> Iterator[None]:
+    fd = os.open(session_dir() / name, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, mode)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def once(name: str, make: Callable[[], Any]) -> Any:
+    """``make()`` run by the first worker that asks, its result (JSON) read by every later one; a
+    worker that asks meanwhile waits. An exception is not kept: the next one to ask runs it again."""
+    done = session_dir() / f"{name}.json"
+    with _locked(f"{name}.lock", fcntl.LOCK_EX):
+        if done.is_file():
+            return json.loads(done.read_text())
+        value = make()
+        done.write_text(json.dumps(value))
+        return value
+
+
+def done(name: str) -> Any:
+    """What ``once(name, ...)`` kept, or None where no worker ran it."""
+    path = session_dir() / f"{name}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+@contextlib.contextmanager
+def turn(config: pytest.Config, alone: bool) -> Iterator[None]:
+    """A test's turn: beside the other worker's tests, or ``alone`` with none.
+
+    A readers-writer lock over two files: a test takes ``tests`` shared, an ``alone`` test takes it
+    exclusive. The turnstile, held by an ``alone`` test while it waits, lets no new test start
+    meanwhile, so it waits for the other worker's current test only, never for its whole module."""
+    if not is_worker(config):
+        yield
+        return
+    if alone:
+        with _locked("turnstile", fcntl.LOCK_EX):
+            fd = os.open(session_dir() / "tests", os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+    else:
+        with _locked("turnstile", fcntl.LOCK_EX):
+            pass
+        fd = os.open(session_dir() / "tests", os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+# The modules that take most of a minute or more, longest first (seconds on CI's 2 cores, warm, in
+# one process, 2026-12-07; the speed gate's 315 s runs alone, at the end): given out first, so that
+# the last module a worker starts is a short one and neither waits long for the other at the end. A
+# module not named keeps its place after them.
+LONGEST_FIRST = (
+    "tests/lanes/test_rehearsal.py",  # 605
+    "tests/lanes/test_nightly.py",  # 220
+    "tests/verify/test_broken_kernels.py",  # 115
+    "tests/verify/test_wears_out.py",  # 115
+    "tests/verify/test_moe_serving.py",  # 90
+    "tests/lanes/test_run.py",  # 85
+    "tests/oci/test_faults.py",  # 85
+    "tests/lanes/test_rc.py",  # 80
+    "tests/verify/test_serving.py",  # 70
+    "tests/test_installed.py",  # 70
+    "tests/verify/test_kernel_gate.py",  # 60
+    "tests/publish/test_attest.py",  # 55
+    "tests/build/test_closure.py",  # 55
+    "tests/lanes/test_bisect.py",  # 50
+    "tests/publish/test_publish_trust.py",  # 50
+    "tests/test_fuzz.py",  # 50
+    "tests/verify/test_clients.py",  # 45
+)
+
+
+def ordered(items: list[pytest.Item]) -> list[pytest.Item]:
+    """``items`` with the longest modules first and the modules holding an ``alone`` test last (while
+    one runs, the other worker waits: at the end, it has little left to wait with)."""
+
+    def rank(item: pytest.Item) -> int:
+        module = item.nodeid.split("::")[0]
+        if module in LONGEST_FIRST:
+            return LONGEST_FIRST.index(module)
+        return len(LONGEST_FIRST) + (1 if module in alone_modules else 0)
+
+    alone_modules = {i.nodeid.split("::")[0] for i in items if i.get_closest_marker("alone") is not None}
+    return sorted(items, key=rank)  # stable: a module's own tests keep their order
