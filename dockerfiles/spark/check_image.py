@@ -45,6 +45,9 @@ parser.add_argument(
     "--kernels", choices=("real", "none"), required=True, help="none: a rehearsal's Python-only wheel, no extension"
 )
 parser.add_argument("--driver-stub", help="a stub libcuda.so the extension imports may load (no driver at build time)")
+parser.add_argument(
+    "--only", action="append", metavar="CHECK", help="run this check alone (repeatable), to look at one again; writes no record"
+)
 args = parser.parse_args()
 
 import torch  # noqa: E402
@@ -292,7 +295,7 @@ def shared_files():
     return owners.check()
 
 
-for name, func in (
+CHECKS = (
     ("torch", torch_build),
     ("vllm", vllm_source),
     ("vllm_extensions", vllm_extensions),
@@ -305,10 +308,16 @@ for name, func in (
     ("fastsafetensors", fastsafetensors),
     ("vllm_plugins", vllm_plugins),
     ("shared_files", shared_files),
-):
-    check(name, func)
+)
+unknown = sorted(set(args.only or ()) - {name for name, _ in CHECKS})
+if unknown:
+    sys.exit(f"no such check: {', '.join(unknown)}; the checks are {', '.join(name for name, _ in CHECKS)}")
+for name, func in CHECKS:
+    if not args.only or name in args.only:
+        check(name, func)
 if problems:
     sys.exit("image check failed:\n  " + "\n  ".join(problems))
-found["vllm_path"] = found["vllm"]["path"]
-pathlib.Path("/opt/sparkbuild/installed.json").write_text(json.dumps(found, indent=2) + "\n")
+if not args.only:  # the image's record holds every check, never some
+    found["vllm_path"] = found["vllm"]["path"]
+    pathlib.Path("/opt/sparkbuild/installed.json").write_text(json.dumps(found, indent=2) + "\n")
 print(json.dumps(found))

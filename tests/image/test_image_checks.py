@@ -110,3 +110,14 @@ def test_check_image_refuses_a_cpu_torch_a_wrong_version_and_a_missing_commit(
     assert "torch 2.13.0+cpu is a CPU build (torch.version.cuda is None)" in result.stderr
     assert "vLLM 0.32.0+cpu is installed, the plan asked for 0.33.0" in result.stderr
     assert "/opt/sparkbuild/sources.txt is missing" in result.stderr
+
+    # One check looked at again (--only): that one runs, the others do not.
+    again = subprocess.run(["docker", "run", "--rm", "--network", "host", "-v", f"{script}:/check_image.py:ro",
+                            "--entrypoint", "python", image, "/check_image.py", *args, "--only", "torch"],
+                           capture_output=True, text=True, check=False)  # fmt: skip
+    assert again.returncode == 1 and "torch: RuntimeError: torch 2.13.0+cpu is a CPU build" in again.stderr
+    assert "vLLM 0.32.0" not in again.stderr and "sources.txt" not in again.stderr
+    wrong = subprocess.run(["docker", "run", "--rm", "--network", "host", "-v", f"{script}:/check_image.py:ro",
+                            "--entrypoint", "python", image, "/check_image.py", *args, "--only", "torchh"],
+                           capture_output=True, text=True, check=False)  # fmt: skip
+    assert wrong.returncode == 1 and "no such check: torchh; the checks are torch, vllm, vllm_extensions" in wrong.stderr
