@@ -114,7 +114,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.config.workeroutput["kept"] = {b: sorted(ids) for b, ids in leftovers.KEPT.items()}  # type: ignore[attr-defined]
         return
     before = workers.done("engine")
-    if before is not None and os.environ.get("SPARKBUILD_TEST_KEEP_IMAGES") != "1":
+    if before is not None and not leftovers.keeping():
         leftovers.clean(Engine(), set(before))
 
 
@@ -147,7 +147,7 @@ def engine() -> Engine:
     (``pytest_sessionfinish``, tests/support/leftovers.py), unless SPARKBUILD_TEST_KEEP_IMAGES=1 keeps
     it to look at."""
     found = Engine()
-    workers.once("engine", lambda: leftovers.start(found, keep=os.environ.get("SPARKBUILD_TEST_KEEP_IMAGES") == "1"))
+    workers.once("engine", lambda: leftovers.start(found))
     return found
 
 

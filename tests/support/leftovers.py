@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -123,10 +124,15 @@ def orphaned_jit_volumes(engine: Engine) -> list[str]:
     return sorted(found)
 
 
-def start(engine: Engine, *, keep: bool) -> list[str]:
+def keeping() -> bool:
+    """SPARKBUILD_TEST_KEEP_IMAGES=1: the session removes nothing from the engine, to look at."""
+    return os.environ.get("SPARKBUILD_TEST_KEEP_IMAGES") == "1"
+
+
+def start(engine: Engine) -> list[str]:
     """As a session starts: an earlier session's test images go (one cut short before its end),
-    unless ``keep``; the ids of the engine's build records now, which the session's end keeps."""
-    if not keep:
+    unless ``keeping()``; the ids of the engine's build records now, which the session's end keeps."""
+    if not keeping():
         remove_test_images(engine)
     return sorted(r.id for r in engine.build_cache())
 

@@ -7,7 +7,8 @@ test registry are one. So:
   session's test images and note the engine's build records, run ``scripts/emulation``) is done by
   the worker that asks first, under a lock, and the other reads its result (``once``);
 - what the session leaves in the engine is removed once, by the controller, after both workers
-  end (``finish``), with the build records each worker's tests marked as the next session's;
+  end (``pytest_sessionfinish`` in tests/conftest.py), with the build records each worker's tests
+  marked as the next session's;
 - a test marked ``alone`` runs while no other test runs (``turn``): the speed gate's measurements
   (the other worker's load would move them), and the tests that prune or count the engine's build
   records, or remove a stage image other tests share. Every other test runs beside one other.
@@ -94,24 +95,16 @@ def turn(config: pytest.Config, alone: bool) -> Iterator[None]:
     """A test's turn: beside the other worker's tests, or ``alone`` with none.
 
     A readers-writer lock over two files: a test takes ``tests`` shared, an ``alone`` test takes it
-    exclusive. The turnstile, held by an ``alone`` test while it waits, lets no new test start
-    meanwhile, so it waits for the other worker's current test only, never for its whole module."""
+    exclusive, each through the turnstile. The turnstile, held by an ``alone`` test while it waits,
+    lets no new test start meanwhile, so it waits for the other worker's current test only, never
+    for its whole module."""
     if not is_worker(config):
         yield
         return
-    if alone:
+    with contextlib.ExitStack() as held:
         with _locked("turnstile", fcntl.LOCK_EX):
-            fd = os.open(session_dir() / "tests", os.O_RDWR | os.O_CREAT, 0o644)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-    else:
-        with _locked("turnstile", fcntl.LOCK_EX):
-            pass
-        fd = os.open(session_dir() / "tests", os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_SH)
-    try:
+            held.enter_context(_locked("tests", fcntl.LOCK_EX if alone else fcntl.LOCK_SH))
         yield
-    finally:
-        os.close(fd)
 
 
 # The modules that take most of a minute or more, longest first (seconds on CI's 2 cores, warm, in
