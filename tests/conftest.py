@@ -87,6 +87,11 @@ def pytest_configure_node(node: Any) -> None:
 
 
 @pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> workers.Scheduler | None:
+    return workers.Scheduler(config, log) if config.getvalue("dist") == "loadfile" else None
+
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: object) -> None:
     """A worker ended: the build records its tests marked as the next session's."""
     for block, ids in (getattr(node, "workeroutput", {}) or {}).get("kept", {}).items():

@@ -34,6 +34,7 @@ library's fatbin section does (one fatbin per unit), read by ``fatbin_entries``.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import re
@@ -46,7 +47,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from sparkbuild.config import options
 from sparkbuild.errors import BinaryCheckError, ConfigError, ToolMissingError
@@ -56,6 +57,7 @@ _BLOCK_RE = re.compile(r"^Fatbin (?P<kind>elf|ptx) code:$")
 _HEADER_ARCH_RE = re.compile(r"^arch = sm_(?P<major>\d+?)(?P<minor>\d)(?P<suffix>[af]?)$")
 _ENTRY_RE = re.compile(r"^\s*(?:\.(?:visible|weak|extern)\s+)*\.entry\s+(?P<name>[\w$.]+)")
 _ASKED_RE = re.compile(r"^(?P<major>\d+)\.(?P<minor>\d)(?P<suffix>[af]?)$")
+_LABEL_RE = re.compile(r"^(?P<prefix>sm|compute)_(?P<major>\d+?)(?P<minor>\d)(?P<suffix>[af]?)$")
 _NO_DEVICE_CODE = "does not contain device code"
 _FATBIN_MAGIC = (0xBA55ED50).to_bytes(4, "little")
 _FATBIN_SECTIONS = (".nv_fatbin", "__nv_relfatbin")
@@ -119,6 +121,15 @@ class Code:
     def label(self) -> str:
         prefix = "sm" if self.kind == "sass" else "compute"
         return f"{prefix}_{self.arch.major}{self.arch.minor}{self.arch.suffix}"
+
+    @classmethod
+    def from_label(cls, label: str) -> Code:
+        """The code ``label()`` names (``sm_121a``, ``compute_90``)."""
+        match = _LABEL_RE.match(label)
+        if match is None:
+            raise BinaryCheckError(f"'{label}' is not a code label like sm_121a or compute_90")
+        arch = Arch(major=int(match["major"]), minor=int(match["minor"]), suffix=match["suffix"])
+        return cls(kind="sass" if match["prefix"] == "sm" else "ptx", arch=arch)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -215,6 +226,56 @@ class FileReport:
             "failing": [k.to_json() for k in self.failing],
             "kernels": [k.to_json() for k in self.kernels],
         }
+
+
+def rules() -> str:
+    """This check-binary's identity (its module's sha256, 12 digits): a verdict kept under it was made
+    by these very rules, and one kept under another is never read."""
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
+
+
+def kept_json(reports: Iterable[FileReport]) -> list[dict[str, Any]]:
+    """``reports`` whole (every kernel's code per unit), for ``from_kept``: a verdict kept for later."""
+
+    def labels(codes: Iterable[Code]) -> list[str]:
+        return [c.label() for c in codes]
+
+    return [
+        {
+            "path": str(r.path),
+            "codes": labels(r.codes),
+            "kernels": [
+                {
+                    "name": k.name,
+                    "verdict": k.verdict,
+                    "codes": [c.label() for c in k.codes],
+                    "units": [[c.label() for c in u] for u in k.units],
+                }
+                for k in r.kernels
+            ],
+        }
+        for r in reports
+    ]
+
+
+def from_kept(data: list[dict[str, Any]], device: Arch) -> tuple[FileReport, ...]:
+    """The reports ``kept_json`` wrote, for ``device``."""
+
+    def codes(labels: list[str]) -> tuple[Code, ...]:
+        return tuple(Code.from_label(label) for label in labels)
+
+    return tuple(
+        FileReport(
+            path=Path(r["path"]),
+            codes=codes(r["codes"]),
+            device=device,
+            kernels=tuple(
+                Kernel(name=k["name"], verdict=k["verdict"], codes=codes(k["codes"]), units=tuple(codes(u) for u in k["units"]))
+                for k in r["kernels"]
+            ),
+        )
+        for r in data
+    )
 
 
 def cuobjdump() -> Path:

@@ -27,7 +27,10 @@ from sparkbuild.oci.engine import Bound, Engine
 from sparkbuild.oci.registry import Registry
 from sparkbuild.plan import render
 from sparkbuild.plan.plan import STAGE_REPOSITORY, StagePlan, TargetPlan, base_platform, bases
-from sparkbuild.util import fsutil, log
+from sparkbuild.util import fsutil, kept, log
+
+# Under the cache: check-binary's reports of a built image, by its id (``check_binaries``).
+KEPT_CHECK_BINARY = "check-binary"
 
 Action = Literal["built", "reused", "pulled"]
 
@@ -117,7 +120,9 @@ def build(
     checked = None
     if plan.target.profile == "spark":
         if real_kernels(plan):
-            checked = check_binaries(engine, plan.local_ref, plan.target.gpu, opts.out / plan.id)
+            checked = check_binaries(
+                engine, plan.local_ref, plan.target.gpu, opts.out / plan.id, kept_in=opts.cache / KEPT_CHECK_BINARY
+            )
         else:
             log.info(f"{plan.id}: rehearsal: no compiled extensions in the image; preflight checked the patched units")
     result = BuildResult(image=plan.local_ref, stages=tuple(outcomes), preflight=report, binaries=checked)
@@ -401,21 +406,38 @@ def _compile_report(failed: list[dict[str, str]], out: Path, stage: str, log_fil
     )
 
 
-def check_binaries(engine: Engine, image: str, gpu: str, out: Path) -> tuple[binaries.FileReport, ...]:
+def check_binaries(
+    engine: Engine, image: str, gpu: str, out: Path, *, kept_in: Path | None = None
+) -> tuple[binaries.FileReport, ...]:
     """Run check-binary on vLLM's compiled extensions in the image, for the GPU the image is for.
 
-    The image's build-time check wrote where vLLM is installed (``installed.json``).
+    The image's build-time check wrote where vLLM is installed (``installed.json``). With ``kept_in`` (a
+    folder, sparkbuild.util.kept), the reports are kept there by the image's id, the GPU and
+    check-binary's rules, and an image checked before (a rehearsal or lane run again on an image that
+    did not change) is not copied out and read again.
     """
-    with tempfile.TemporaryDirectory() as tmp:
-        info = engine.copy_out(image, "/opt/sparkbuild/installed.json", Path(tmp))
-        vllm_path = json.loads(info.read_text())["vllm_path"]
-        folder = engine.copy_out(image, vllm_path, Path(tmp) / "image")
-        device = binaries.Arch.parse(gpu)
-        # Each library named by its path in the image, not in this copy of it.
-        reports = tuple(replace(r, path=Path(vllm_path) / r.path.relative_to(folder)) for r in binaries.check([folder], device))
-        shown = binaries.table(reports, device)
+    device = binaries.Arch.parse(gpu)
+    key = f"{str(engine.inspect(image)['Id']).removeprefix('sha256:')}-{gpu}-{binaries.rules()}"
+    found = None if kept_in is None else kept.read(kept_in, key)
+    if found is not None:
+        log.info(f"check-binary of {image} for GPU {gpu}: its reports kept for this image id and check-binary ({kept_in}/{key})")
+        reports = binaries.from_kept(found, device)
+    else:
+        reports = _check_image_binaries(engine, image, device)
+        if kept_in is not None:
+            kept.write(kept_in, key, binaries.kept_json(reports))
+    shown = binaries.table(reports, device)
     log.info(shown)
     out.mkdir(parents=True, exist_ok=True)
     (out / "check-binary.txt").write_text(shown + "\n")
     binaries.require(reports, device)
     return reports
+
+
+def _check_image_binaries(engine: Engine, image: str, device: binaries.Arch) -> tuple[binaries.FileReport, ...]:
+    with tempfile.TemporaryDirectory() as tmp:
+        info = engine.copy_out(image, "/opt/sparkbuild/installed.json", Path(tmp))
+        vllm_path = json.loads(info.read_text())["vllm_path"]
+        folder = engine.copy_out(image, vllm_path, Path(tmp) / "image")
+        # Each library named by its path in the image, not in this copy of it.
+        return tuple(replace(r, path=Path(vllm_path) / r.path.relative_to(folder)) for r in binaries.check([folder], device))

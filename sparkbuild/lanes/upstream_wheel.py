@@ -18,7 +18,6 @@ so a second pin of the same file reads it instead of running cuobjdump over 700 
 from __future__ import annotations
 
 import email.parser
-import hashlib
 import json
 import re
 import tempfile
@@ -120,8 +119,7 @@ def download(link: sources.IndexLink, cache: Path) -> Path:
 def judge(wheel: Path, sha256: str, gpu: str, cache: Path) -> Found:
     """check-binary of ``wheel`` for ``gpu``, its CUDA and torch: from the cache when this wheel was
     judged for this GPU by this check-binary before."""
-    rules = hashlib.sha256(Path(binaries.__file__).read_bytes()).hexdigest()[:12]
-    kept = cache / CACHE / sha256 / f"judged-{gpu}-{rules}.json"
+    kept = cache / CACHE / sha256 / f"judged-{gpu}-{binaries.rules()}.json"
     if kept.is_file():
         data = json.loads(kept.read_text(encoding="utf-8"))
         return Found(verdict=BinaryVerdict(**data["verdict"]), cuda=data["cuda"], torch=data["torch"])

@@ -13,6 +13,7 @@ leaves (the faked device reports 119 GiB free, the GB10's unified memory less th
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 from collections import Counter
@@ -27,7 +28,7 @@ from sparkbuild.oci.engine import Engine
 from sparkbuild.plan import plan
 from sparkbuild.plan.matrix import Check, Target
 from sparkbuild.upstream import kernelpath
-from sparkbuild.util import log
+from sparkbuild.util import fsutil, kept, log
 from sparkbuild.verify import checkmodel
 
 if TYPE_CHECKING:
@@ -47,6 +48,13 @@ FAKED_GB10 = (
     "the CUDA driver is the toolkit's stub; the model is built on the meta device, with every tensor it makes on the GPU "
     "(no weight loaded, no kernel run)"
 )
+# The probe's output is kept under the cache (this folder, sparkbuild.util.kept) by everything the probe
+# reads (``inputs_key``): the same inputs again (a rehearsal run twice, a lane run again on an unchanged
+# image) reuse it in place of a container that imports vLLM and torch (about a minute), and the gate
+# judges it again each time.
+KEPT = "startup"
+# Bumped when what is kept changes shape.
+KEPT_FORMAT = 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,27 +165,67 @@ def predict(
     models: dict[str, Path],
     *,
     gb10_stub: Path | None,
+    cache: Path | None = None,
     timeout_s: float = 1800,
 ) -> Startup:
     """Run the probe once in ``image`` for every check (``models``: each check's model folder); with
-    ``gb10_stub`` (a CUDA driver stub library) the GPU is faked as a GB10."""
+    ``gb10_stub`` (a CUDA driver stub library) the GPU is faked as a GB10. With ``cache``, an earlier
+    run's output for the same inputs is reused (``inputs_key``) and a new one is kept."""
+    probe_cases, where = layout(checks, models)
+    folder = None if cache is None else cache / KEPT
+    key = "" if folder is None else inputs_key(engine, image, probe_cases, where, gb10_stub)
+    shown = f"vLLM's start-up for {len(checks)} check(s) in {image}" + (" (a GB10 faked)" if gb10_stub else "")
+    found = None if folder is None else kept.read(folder, key)
+    if found is not None:
+        log.info(f"{shown}: reused the probe's output for this image id, probe, arguments and models ({folder}/{key})")
+        out = str(found["out"])
+    else:
+        with log.step(shown):
+            out = _run_probe(engine, image, probe_cases, where, gb10_stub, timeout_s).strip().splitlines()[-1]
+        if folder is not None:
+            kept.write(folder, key, {"out": out})
+    return read(image, out, checks, faked=FAKED_GB10 if gb10_stub is not None else None)
+
+
+def layout(checks: Sequence[Check], models: Mapping[str, Path]) -> tuple[str, dict[str, str]]:
+    """The probe's cases (JSON) and where each model folder is mounted for it."""
+    where = {name: f"/models/{i}" for i, name in enumerate(sorted({str(p) for p in models.values()}))}
+    return json.dumps(cases(checks, {c.name: where[str(models[c.name])] for c in checks})), where
+
+
+def inputs_key(engine: Engine, image: str, probe_cases: str, where: Mapping[str, str], gb10_stub: Path | None) -> str:
+    """What the probe's output follows from, hashed: the image by id, the probe's own code, its cases
+    (each check's name and arguments), every file of each model where it is mounted, the stub driver.
+    The container has no network, so nothing else reaches it."""
+    digest = hashlib.sha256()
+    digest.update(json.dumps({"format": KEPT_FORMAT, "image": engine.inspect(image)["Id"], "cases": probe_cases}).encode())
+    digest.update(Path(startup_probe.__file__).read_bytes())
+    for src, dst in sorted(where.items(), key=lambda item: item[1]):
+        for path in fsutil.files(Path(src)):
+            digest.update(f"\0{dst}/{path.relative_to(src).as_posix()}\0".encode())
+            digest.update(path.read_bytes())
+    digest.update(b"\0stub\0" + (gb10_stub.read_bytes() if gb10_stub is not None else b""))
+    return digest.hexdigest()
+
+
+def _run_probe(
+    engine: Engine, image: str, probe_cases: str, where: Mapping[str, str], gb10_stub: Path | None, timeout_s: float
+) -> str:
+    """The probe's stdout, from one container of ``image`` (no network) with the models mounted ``where``."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        where = {name: f"/models/{i}" for i, name in enumerate(sorted({str(p) for p in models.values()}))}
         mounts: dict[Path, tuple[str, str]] = {Path(src): (dst, "ro") for src, dst in where.items()}
-        (folder / "cases.json").write_text(json.dumps(cases(checks, {c.name: where[str(models[c.name])] for c in checks})))
+        (folder / "cases.json").write_text(probe_cases)
         (folder / PROBE).write_bytes(Path(startup_probe.__file__).read_bytes())
         command = ["python3", f"{MOUNT}/{PROBE}", f"{MOUNT}/cases.json", SERVE_DEFAULTS, DEFAULTS_JSON]
         if gb10_stub is not None:
             (folder / "libcuda.so").write_bytes(gb10_stub.read_bytes())
             command += ["--gb10", f"{MOUNT}/libcuda.so"]
         mounts[folder] = (MOUNT, "ro")
-        with log.step(f"vLLM's start-up for {len(checks)} check(s) in {image}" + (" (a GB10 faked)" if gb10_stub else "")):
-            try:
-                out = engine.output(image, command, mounts=mounts, timeout_s=timeout_s)
-            except EngineError as exc:
-                raise VerifyError(f"{image}: vLLM's start-up could not be run there: {exc}") from None
-    return read(image, out, checks, faked=FAKED_GB10 if gb10_stub is not None else None)
+        try:
+            return engine.output(image, command, mounts=mounts, timeout_s=timeout_s)
+        except EngineError as exc:
+            raise VerifyError(f"{image}: vLLM's start-up could not be run there: {exc}") from None
 
 
 def on_gb10(engine: Engine, image: str, target: Target, checks: Sequence[Check], cache: Path) -> Startup:
@@ -186,7 +234,7 @@ def on_gb10(engine: Engine, image: str, target: Target, checks: Sequence[Check],
     models = {c.name: checkmodel.provide(cache, c) for c in checks}
     with tempfile.TemporaryDirectory() as tmp:
         stub = engine.copy_out(plan.base_name(target.base, target.platform), STUB, Path(tmp))
-        found = predict(engine, image, checks, models, gb10_stub=stub)
+        found = predict(engine, image, checks, models, gb10_stub=stub, cache=cache)
     log.info(found.text())
     return found
 

@@ -412,11 +412,13 @@ def run_check(server: Server, check: Check, *, image: str, model: str, startup: 
         log.info(f"  {a.name} ({a.api}): {a.prompt!r} -> {a.received!r} [{'ok' if a.ok else 'WRONG'}]")
     right = all(a.ok for a in answers)
     # A wrong answer is the finding; the probes (a stop string inside the expected answer) and the
-    # numbers (the reference's tokens) presume right ones.
+    # numbers (the reference's tokens) presume right ones. The kinds presume right numbers too: a
+    # kernel whose logprobs already moved has failed, and a burn-in of it would only spend the runner's
+    # time (hundreds of requests) to say so again.
     probed = survive_clients(server, check, answers) if right else ()
     numbers = held_to_reference(server, check) if right else ()
     asking = partial(ask, server.url, model=server.model)
-    kinds = checkkinds.run(server.url, server.model, check, asking) if right else ()
+    kinds = checkkinds.run(server.url, server.model, check, asking) if right and all(n.ok for n in numbers) else ()
     bench: Benchmark | None = None
     if not all(a.ok for a in answers) or not all(n.ok for n in numbers) or not all(k.ok for k in kinds):
         pass  # a wrong answer, right ones on wrong numbers, or a failed kind: nothing worth timing

@@ -1,7 +1,8 @@
 """The checks a Spark build runs on its image, run here on real images:
 
 - check-binary on vLLM's extensions copied out of an image (``build.check_binaries``), with
-  extension libraries compiled here by nvcc and installed where ``installed.json`` says vLLM is;
+  extension libraries compiled here by nvcc and installed where ``installed.json`` says vLLM is; its
+  reports kept by the image's id are read again with no container created, a failure failing again;
 - ``check_image.py`` (the build-time check of the Spark runtime stage) inside the real local vLLM
   image, whose torch is a CPU build: it must refuse it, and a wrong version and a missing commit.
 """
@@ -20,6 +21,7 @@ from sparkbuild.errors import BinaryCheckError
 from sparkbuild.oci.engine import Engine
 from sparkbuild.plan import plan
 from tests.support import ROOT
+from tests.support.images import Created
 from tests.support.matrix import LOCAL_PLATFORM
 
 pytestmark = [pytest.mark.docker, pytest.mark.nvcc]
@@ -54,6 +56,7 @@ def image_with(engine: Engine, base: str, tmp_path: Path, libraries: dict[str, t
 
 
 def test_check_binary_runs_on_the_extensions_in_the_image(engine: Engine, base: str, tmp_path: Path) -> None:
+    kept = tmp_path / "kept"
     good = image_with(
         engine,
         base,
@@ -61,7 +64,9 @@ def test_check_binary_runs_on_the_extensions_in_the_image(engine: Engine, base: 
         {"_C.abi3.so": ("arch=compute_121a,code=sm_121a",), "_moe_C.abi3.so": ("arch=compute_120f,code=sm_120f",)},
         "sparkbuild-test/binaries:good",
     )
-    reports = build.check_binaries(engine, good, "12.1a", tmp_path / "out-good")
+    with Created(engine, good) as first:
+        reports = build.check_binaries(engine, good, "12.1a", tmp_path / "out-good", kept_in=kept)
+    assert first.events  # the libraries were copied out of a created container
     assert {Path(r.path).name: r.ok for r in reports} == {"_C.abi3.so": True, "_moe_C.abi3.so": True}
     shown = (tmp_path / "out-good" / "check-binary.txt").read_text()
     assert f"in {VLLM}\n" in shown and "_C.abi3.so: runs with sm_121a (1)" in shown  # paths as they are in the image
@@ -74,9 +79,20 @@ def test_check_binary_runs_on_the_extensions_in_the_image(engine: Engine, base: 
         "sparkbuild-test/binaries:bad",
     )
     with pytest.raises(BinaryCheckError, match=r"_flash_attn\.abi3\.so") as info:
-        build.check_binaries(engine, bad, "12.1", tmp_path / "out-bad")  # the GB10: sm_120a cubins do not run
+        build.check_binaries(engine, bad, "12.1", tmp_path / "out-bad", kept_in=kept)  # the GB10: sm_120a cubins do not run
     assert "_C.abi3.so" not in str(info.value)
-    assert "_flash_attn.abi3.so: scale(float*) [sm_120a]" in (tmp_path / "out-bad" / "check-binary.txt").read_text()
+    failed = (tmp_path / "out-bad" / "check-binary.txt").read_text()
+    assert "_flash_attn.abi3.so: scale(float*) [sm_120a]" in failed
+
+    # Checked again: the kept reports, the same table, the failure again, and no container created.
+    with Created(engine, good, bad) as again:
+        assert build.check_binaries(engine, good, "12.1a", tmp_path / "again-good", kept_in=kept) == reports
+        with pytest.raises(BinaryCheckError, match=r"_flash_attn\.abi3\.so"):
+            build.check_binaries(engine, bad, "12.1", tmp_path / "again-bad", kept_in=kept)
+    assert again.events == []
+    assert (tmp_path / "again-good" / "check-binary.txt").read_text() == shown
+    assert (tmp_path / "again-bad" / "check-binary.txt").read_text() == failed
+    assert len(list(kept.iterdir())) == 2
 
 
 def test_check_image_refuses_a_cpu_torch_a_wrong_version_and_a_missing_commit(

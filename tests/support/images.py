@@ -4,6 +4,7 @@ changed), and images derived from another, one layer away, built for real (an in
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -77,3 +78,21 @@ def bound_to_one_cpu(engine: Engine, image: str, cpu: int, folder: Path) -> str:
     """``image`` (the same tag) with its vLLM CPU engine's threads bound to ``cpu`` alone
     (``VLLM_CPU_OMP_THREADS_BIND``, vLLM's own setting): a metadata layer, nothing else changed."""
     return derived_image(engine, image, image, f"ENV VLLM_CPU_OMP_THREADS_BIND={cpu}", folder)
+
+
+class Created:
+    """The containers the engine creates from ``images`` while the block runs, by Docker's own events
+    (``docker events``, nanosecond bounds: an event of the second before the block is not counted)."""
+
+    def __init__(self, engine: Engine, *images: str) -> None:
+        self.engine, self.images = engine, list(images)
+        self.events: list[dict[str, Any]] = []
+
+    def __enter__(self) -> Created:
+        self.since = f"{time.time():.9f}"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wanted = {"type": "container", "event": "create", "image": self.images}
+        until = f"{time.time():.9f}"
+        self.events = list(self.engine.client.events(since=self.since, until=until, filters=wanted, decode=True))

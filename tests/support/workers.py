@@ -14,7 +14,8 @@ test registry are one. So:
   records, or remove a stage image other tests share. Every other test runs beside one other.
 
 ``--dist loadfile`` keeps a module on one worker: its module fixtures (an image built, a server
-started) are made once, and the names a module gives its images are its own.
+started) are made once, and the names a module gives its images are its own. The modules whose lanes
+publish to the session cache's registry go to one worker together (``Scheduler``).
 ``pytest -p no:xdist`` or ``-n 0`` runs the suite in one process, as before.
 """
 
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from xdist.scheduler import LoadFileScheduling
 
 # The folder the controller makes for the session and hands each worker (``workerinput``).
 SESSION_KEY = "sparkbuild_session"
@@ -130,6 +132,26 @@ LONGEST_FIRST = (
     "tests/test_fuzz.py",  # 50
     "tests/verify/test_clients.py",  # 45
 )
+
+
+# The modules whose lanes publish to the session cache's embedded registry. Its storage serves one lane at
+# a time (a lock beside it: sparkbuild/oci/registry.embedded), so on two workers the second lane waited
+# for the first, its worker idle (the rc and the installed tool's nightly about two minutes together
+# in a run, measured): one worker runs them in turn.
+SESSION_REGISTRY = (
+    "tests/lanes/test_nightly.py",
+    "tests/lanes/test_rc.py",
+    "tests/lanes/test_runs.py",
+    "tests/test_installed.py",
+)
+
+
+class Scheduler(LoadFileScheduling):  # type: ignore[misc]  # xdist ships no type information
+    """xdist's ``--dist loadfile``, with ``SESSION_REGISTRY``'s modules one unit of work."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        module = str(super()._split_scope(nodeid))
+        return "the session registry's lanes" if module in SESSION_REGISTRY else module
 
 
 def ordered(items: list[pytest.Item]) -> list[pytest.Item]:

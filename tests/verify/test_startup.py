@@ -6,7 +6,8 @@ predict what verify sees on their servers (``moe CPU``); a check whose context i
 model's is refused by vLLM's own config check, with vLLM's message; a check model whose architecture
 vLLM does not know is refused with vLLM's own error, not a traceback of sparkbuild's; and a check that
 accepts only FlashInfer's MoE fails the gate, naming each layer vLLM gave its CPU experts. An image
-without vLLM fails at once, naming the module.
+without vLLM fails at once, naming the module. The same inputs again reuse the probe's kept output and
+start no container; another image, argument or model file is another key.
 
 The Spark side, vLLM 0.33.0 with a GB10 faked, is read from its probe's output as recorded in the
 rehearsed image on 2026-12-06 (tests/data/startup/vllm-0.33.0-gb10-faked.json) and run for real in
@@ -32,6 +33,7 @@ from sparkbuild.plan.matrix import Check
 from sparkbuild.upstream import kernelpath
 from sparkbuild.verify import startup
 from tests.support import DATA, ROOT
+from tests.support.images import Created
 
 RECORDED = DATA / "startup" / "vllm-0.33.0-gb10-faked.json"
 
@@ -110,8 +112,15 @@ def test_a_server_that_chose_otherwise_than_predicted_is_named() -> None:
     ]
 
 
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    checks: list[Check]
+    models: dict[str, Path]
+    kept: Path  # the cache the probe's output is kept in
+
+
 @pytest.fixture(scope="module")
-def predicted(engine: Engine, local_image: str, cache: Path, tmp_path_factory: pytest.TempPathFactory) -> startup.Startup:
+def inputs(cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Inputs:
     folder = tmp_path_factory.mktemp("startup")
     alphabet = model.ensure(cache, "alphabet")
     unknown = folder / "unknown-architecture"
@@ -127,7 +136,16 @@ def predicted(engine: Engine, local_image: str, cache: Path, tmp_path_factory: p
         dataclasses.replace(moe, name="flashinfer-only", kernels=(("moe", ("FLASHINFER_CUTLASS",)),)),
     ]
     models = {c.name: model.ensure(cache, c.model) for c in checks} | {"unknown-architecture": unknown}
-    return startup.predict(engine, local_image, checks, models, gb10_stub=None)
+    return Inputs(checks, models, folder / "kept")
+
+
+@pytest.fixture(scope="module")
+def predicted(engine: Engine, local_image: str, inputs: Inputs) -> startup.Startup:
+    # A cache of this module's own: the probe runs here, whatever an earlier session kept.
+    with Created(engine, local_image) as run:
+        found = startup.predict(engine, local_image, inputs.checks, inputs.models, gb10_stub=None, cache=inputs.kept)
+    assert run.events  # it ran in a container of the image (what the reuse below must not do)
+    return found
 
 
 @pytest.mark.docker
@@ -179,3 +197,33 @@ def test_an_image_without_vllm_fails_naming_the_module(engine: Engine, base: str
     check = shipped("alphabet")
     with pytest.raises(VerifyError, match=r"no vLLM to import in this image \(ModuleNotFoundError: No module named 'vllm'\)"):
         startup.predict(engine, base, [check], {check.name: model.ensure(cache, "alphabet")}, gb10_stub=None)
+
+
+def key_of(engine: Engine, image: str, checks: list[Check], models: dict[str, Path]) -> str:
+    return startup.inputs_key(engine, image, *startup.layout(checks, models), None)
+
+
+@pytest.mark.docker
+def test_the_same_inputs_again_reuse_the_kept_output_and_start_no_container(
+    engine: Engine, local_image: str, inputs: Inputs, predicted: startup.Startup
+) -> None:
+    with Created(engine, local_image) as run:
+        again = startup.predict(engine, local_image, inputs.checks, inputs.models, gb10_stub=None, cache=inputs.kept)
+    assert run.events == []
+    assert again == predicted  # judged again by the same rules: the same predictions
+    assert len(list((inputs.kept / "startup").iterdir())) == 1
+
+
+@pytest.mark.docker
+def test_another_image_argument_or_model_file_is_another_key(
+    engine: Engine, local_image: str, base: str, inputs: Inputs, tmp_path: Path
+) -> None:
+    key = key_of(engine, local_image, inputs.checks, inputs.models)
+    assert key == key_of(engine, local_image, inputs.checks, inputs.models)
+    assert key_of(engine, base, inputs.checks, inputs.models) != key
+    seeded = [dataclasses.replace(inputs.checks[0], serve_args=(*inputs.checks[0].serve_args, "--seed", "1")), *inputs.checks[1:]]
+    assert key_of(engine, local_image, seeded, inputs.models) != key
+    edited = tmp_path / "alphabet"
+    shutil.copytree(inputs.models["alphabet"], edited)
+    (edited / "config.json").write_text((edited / "config.json").read_text() + " ")
+    assert key_of(engine, local_image, inputs.checks, {**inputs.models, "alphabet": edited}) != key
