@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import tempfile
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -28,7 +29,7 @@ from sparkbuild.oci.engine import Engine
 from sparkbuild.plan import plan
 from sparkbuild.plan.matrix import Check, Target
 from sparkbuild.upstream import kernelpath
-from sparkbuild.util import fsutil, kept, log
+from sparkbuild.util import kept, log
 from sparkbuild.verify import checkmodel
 
 if TYPE_CHECKING:
@@ -55,6 +56,9 @@ FAKED_GB10 = (
 KEPT = "startup"
 # Bumped when what is kept changes shape.
 KEPT_FORMAT = 1
+# A model's files up to this size are hashed whole for the key (configs, tokenizers, every file of a check
+# model); a larger one by its size and modification time (hashing a 65 GB model would take a minute).
+WHOLE_BYTES = 16 * 2**20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,10 +205,23 @@ def inputs_key(engine: Engine, image: str, probe_cases: str, where: Mapping[str,
     digest.update(json.dumps({"format": KEPT_FORMAT, "image": engine.inspect(image)["Id"], "cases": probe_cases}).encode())
     digest.update(Path(startup_probe.__file__).read_bytes())
     for src, dst in sorted(where.items(), key=lambda item: item[1]):
-        for path in fsutil.files(Path(src)):
-            digest.update(f"\0{dst}/{path.relative_to(src).as_posix()}\0".encode())
-            digest.update(path.read_bytes())
+        digest.update(f"\0{dst}\0{model_digest(Path(src))}".encode())
     digest.update(b"\0stub\0" + (gb10_stub.read_bytes() if gb10_stub is not None else b""))
+    return digest.hexdigest()
+
+
+def model_digest(folder: Path) -> str:
+    """A model folder's files, hashed: each by its path and its bytes, or, past ``WHOLE_BYTES`` (a real
+    model's weight shard), by its size and modification time, as make keys its inputs. Symlinks are
+    followed (the Hugging Face cache's snapshots link each file to a blob outside the folder)."""
+    digest = hashlib.sha256()
+    for parent, dirs, names in os.walk(folder, followlinks=True):
+        dirs.sort()
+        for name in sorted(names):
+            path = Path(parent) / name
+            size, mtime = (found := path.stat()).st_size, found.st_mtime_ns
+            digest.update(f"\0{path.relative_to(folder).as_posix()}\0".encode())
+            digest.update(path.read_bytes() if size <= WHOLE_BYTES else f"{size} bytes, modified {mtime}".encode())
     return digest.hexdigest()
 
 

@@ -1,4 +1,6 @@
-"""Checks with real models: where the model comes from, and answers that are robust texts."""
+"""Checks with real models: where the model comes from, and answers that are robust texts. A model folder
+whose files are links out of it (a snapshot in Hugging Face's cache) is refused: a container mounting it
+reads none of them, shown here on a real engine."""
 
 from __future__ import annotations
 
@@ -6,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkbuild.errors import ConfigError, VerifyError
+from sparkbuild.errors import ConfigError, EngineError, VerifyError
+from sparkbuild.oci.engine import Engine
 from sparkbuild.plan import matrix
 from sparkbuild.util.net import free_port
 from sparkbuild.verify import checkmodel
@@ -104,3 +107,39 @@ def test_a_hub_model_that_cannot_be_fetched_says_so(
     shown = capsys.readouterr()
     assert "with HF_TOKEN" in shown.err
     assert "hf_sparkbuild_test_token_never_shown" not in message + shown.out + shown.err
+
+
+def hub_cache_snapshot(root: Path) -> Path:
+    """A snapshot as huggingface_hub's cache lays it out: each file a relative link to a blob two folders up."""
+    repo = root / "models--org--model"
+    (repo / "blobs").mkdir(parents=True)
+    snapshot = repo / "snapshots" / "0a1b2c3d"
+    snapshot.mkdir(parents=True)
+    (repo / "blobs" / "9f86d08").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    (snapshot / "config.json").symlink_to(Path("..", "..", "blobs", "9f86d08"))
+    return snapshot
+
+
+def test_a_model_folder_of_links_out_of_it_is_refused_naming_the_file(write_matrix: MatrixWriter, tmp_path: Path) -> None:
+    snapshot = hub_cache_snapshot(tmp_path)
+    check = check_of(write_matrix, f"{{path: {snapshot}}}")
+    with pytest.raises(ConfigError) as refused:
+        checkmodel.provide(tmp_path / "cache", check)
+    said = str(refused.value)
+    assert f"{snapshot / 'config.json'} is a link to {tmp_path / 'models--org--model' / 'blobs' / '9f86d08'}" in said
+    assert "cannot follow it" in said and "--local-dir DIR" in said
+
+
+@pytest.mark.docker
+def test_a_container_mounting_a_hub_cache_snapshot_reads_none_of_its_files(engine: Engine, base: str, tmp_path: Path) -> None:
+    """Why: the server's container mounts the model folder alone, and the links lead out of it (the hub
+    checks served from huggingface_hub's cache layout before, 2026-12-07). A folder of real files, as a
+    ``local_dir`` download makes, reads."""
+    snapshot = hub_cache_snapshot(tmp_path)
+    read = ["cat", "/model/config.json"]
+    with pytest.raises(EngineError, match=r"No such file or directory"):
+        engine.output(base, read, mounts={snapshot: ("/model", "ro")})
+    real = tmp_path / "local-dir"
+    real.mkdir()
+    (real / "config.json").write_text((snapshot / "config.json").read_text())
+    assert "LlamaForCausalLM" in engine.output(base, read, mounts={real: ("/model", "ro")})

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import types
 from pathlib import Path
@@ -227,3 +228,30 @@ def test_another_image_argument_or_model_file_is_another_key(
     shutil.copytree(inputs.models["alphabet"], edited)
     (edited / "config.json").write_text((edited / "config.json").read_text() + " ")
     assert key_of(engine, local_image, inputs.checks, {**inputs.models, "alphabet": edited}) != key
+
+
+def test_a_hub_snapshots_linked_files_are_keyed_and_a_large_one_by_its_size_and_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Hugging Face cache's layout (a snapshot's files are relative links to blobs outside it, as a
+    hub check's model is on the runner): every file is read through its link; a weight shard past
+    WHOLE_BYTES is keyed by its size and modification time, not read."""
+    repo = tmp_path / "models--org--model"
+    (repo / "blobs").mkdir(parents=True)
+    snapshot = repo / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    for name, blob, text in (("config.json", "b1", '{"a": 1}'), ("model.safetensors", "b2", "x" * 64)):
+        (repo / "blobs" / blob).write_text(text)
+        (snapshot / name).symlink_to(Path("..", "..", "blobs", blob))
+    key = startup.model_digest(snapshot)
+    (repo / "blobs" / "b1").write_text('{"a": 2}')
+    assert startup.model_digest(snapshot) != key  # a config's bytes
+    monkeypatch.setattr(startup, "WHOLE_BYTES", 32)  # the shard is now "large"
+    shard = repo / "blobs" / "b2"
+    os.utime(shard, ns=(1, 1))
+    before = startup.model_digest(snapshot)
+    shard.write_text("y" * 64)
+    os.utime(shard, ns=(1, 1))
+    assert startup.model_digest(snapshot) == before  # same size and time: not read
+    os.utime(shard, ns=(2, 2))
+    assert startup.model_digest(snapshot) != before
