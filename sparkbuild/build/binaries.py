@@ -248,8 +248,8 @@ def kept_json(reports: Iterable[FileReport]) -> list[dict[str, Any]]:
                 {
                     "name": k.name,
                     "verdict": k.verdict,
-                    "codes": [c.label() for c in k.codes],
-                    "units": [[c.label() for c in u] for u in k.units],
+                    "codes": labels(k.codes),
+                    "units": [labels(u) for u in k.units],
                 }
                 for k in r.kernels
             ],

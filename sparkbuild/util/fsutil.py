@@ -53,10 +53,15 @@ def files(folder: Path) -> list[Path]:
         dirs[:] = [d for d in dirs if d != "__pycache__"]
         for name in [*dirs, *names]:
             path = Path(parent) / name
-            if path.is_symlink() and not path.resolve().is_relative_to(root):
+            if points_out(path, root):
                 raise ConfigError(f"{path} is a symlink to {path.resolve()}, outside {folder}; copy the file in instead")
         found += [Path(parent) / n for n in names if (Path(parent) / n).is_file()]
     return sorted(found)
+
+
+def points_out(path: Path, root: Path) -> bool:
+    """``path`` is a symlink to a place outside ``root`` (a resolved folder)."""
+    return path.is_symlink() and not path.resolve().is_relative_to(root)
 
 
 def glob_regex(pattern: str) -> str:

@@ -20,7 +20,7 @@ from sparkbuild.config import options
 from sparkbuild.errors import ConfigError, ToolMissingError, VerifyError
 from sparkbuild.models import model
 from sparkbuild.plan.matrix import Check, HubModel
-from sparkbuild.util import log
+from sparkbuild.util import fsutil, log
 
 
 def provide(cache: Path, check: Check) -> Path:
@@ -45,7 +45,7 @@ def link_out(folder: Path) -> Path | None:
     """The first file under ``folder`` that is a link to a place outside it, if any."""
     root = folder.resolve()
     for path in sorted(folder.rglob("*")):
-        if path.is_symlink() and not path.resolve().is_relative_to(root):
+        if fsutil.points_out(path, root):
             return path
     return None
 
