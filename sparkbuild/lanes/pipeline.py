@@ -590,6 +590,8 @@ def report(opts: Options, lane: str, runs: list[TargetRun], elapsed: float, *, t
 def verify_cell(result: verify.VerifyResult) -> str:
     good = sum(a.ok for a in result.answers)
     text = f"{good}/{len(result.answers)} answers"
+    if result.cluster is not None:  # served by a cluster of the image (multi_node)
+        text += f" from {result.cluster['nodes']} nodes"
     if result.numbers:  # the answers' logprobs held to the model's recorded reference
         moved = sum(len(n.violations) for n in result.numbers)
         text += ", logprobs as recorded" if not moved else f", logprobs MOVED at {moved} position(s)"

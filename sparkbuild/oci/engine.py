@@ -171,6 +171,19 @@ class Container:
         data: bytes = self._sdk.logs(tail="all" if tail is None else tail)
         return data.decode(errors="replace")
 
+    def finished_at(self) -> str:
+        """When its main process ended, as Docker records it (RFC 3339, so ordered as text; "" while it runs)."""
+        self._sdk.reload()
+        return "" if self._sdk.status in ("created", "running") else str(self._sdk.attrs.get("State", {}).get("FinishedAt", ""))
+
+    def kill(self) -> None:
+        """Stop it now (SIGKILL); one already stopped is left as it is."""
+        try:
+            self._sdk.kill()
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # 409: not running, which is what was asked
+                raise EngineError(f"could not stop the container {self.name}: {exc.explanation}") from None
+
     def state(self) -> ServerState:
         """How the container stands now: running, or how it ended (exit code, signal, OOM kill)."""
         self._sdk.reload()

@@ -176,6 +176,15 @@ class BurnIn:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MultiNode:
+    """The check served by a cluster of ``nodes`` nodes with vLLM's own multi-node launch (tensor parallel,
+    one rank a node: sparkbuild/verify/multinode.py) in place of one server; every other step of the
+    check (its burn-in among them) runs against the cluster's head."""
+
+    nodes: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class LongGeneration:
     """One greedy generation of ``tokens`` tokens, judged for degenerate repetition."""
 
@@ -195,6 +204,7 @@ class Kinds:
     needles: Needles | None = None
     burn_in: BurnIn | None = None
     long_generation: LongGeneration | None = None
+    multi_node: MultiNode | None = None
 
     @property
     def named(self) -> tuple[str, ...]:
@@ -1132,14 +1142,22 @@ def _checks(doc: Located, defaults_doc: Located, value: Any) -> dict[str, Check]
         )
         if not result[name].prompts:
             raise doc.fail((*path, "prompts"), "a check needs at least one prompt with its expected answer")
-        kinds = _kinds(doc, defaults_doc, (*path, "kinds"), spec.get("kinds", {}), result[name].prompts)
+        kinds = _kinds(doc, defaults_doc, (*path, "kinds"), spec.get("kinds", {}), result[name])
         result[name] = replace(result[name], kinds=kinds)
     return result
 
 
 # --- check kinds: each kind's settings, the check's over defaults.yaml's (check_kinds:) -------------
 
-KIND_NAMES = ("arithmetic", "needles", "burn_in", "long_generation")
+# The kinds one server runs (sparkbuild/verify/checkkinds.py), then the one that starts a cluster of its own.
+SERVER_KINDS = ("arithmetic", "needles", "burn_in", "long_generation")
+KIND_NAMES = (*SERVER_KINDS, "multi_node")
+# What multi_node sets on every node's command line: a check's serve_args may not set them too.
+CLUSTER_FLAGS = (
+    "--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp", "--data-parallel-size", "-dp",
+    "--nnodes", "-n", "--node-rank", "-r", "--master-addr", "--master-port", "--headless",
+    "--distributed-executor-backend",
+)  # fmt: skip
 
 
 def _whole(doc: Located, path: DocPath, value: Any) -> int:
@@ -1171,6 +1189,7 @@ KIND_KEYS: dict[str, dict[str, validate.Validator]] = {
     },
     "needles": {"depths": validate.list_of(_depth), "seed": _whole, "max_tokens": validate.positive_int},
     "burn_in": {"requests": validate.positive_int, "concurrency": validate.positive_int},
+    "multi_node": {"nodes": validate.positive_int},
     "long_generation": {
         "prompt": validate.opt(validate.text),
         "tokens": validate.positive_int,
@@ -1181,9 +1200,15 @@ KIND_KEYS: dict[str, dict[str, validate.Validator]] = {
 }
 
 
-def _kinds(doc: Located, defaults_doc: Located, path: DocPath, value: Any, prompts: tuple[Prompt, ...]) -> Kinds:
+def _kinds(doc: Located, defaults_doc: Located, path: DocPath, value: Any, check: Check) -> Kinds:
     """``kinds: {arithmetic: {questions: 50}, burn_in: {}}``: each kind named, its settings over the defaults."""
     spec = validate.mapping(doc, path, value, KIND_NAMES)
+    if "multi_node" in spec and "burn_in" not in spec:
+        raise doc.fail(
+            (*path, "multi_node"),
+            "a check served across nodes names burn_in too (kinds: burn_in: {}): every answer of a load judged, so a "
+            "cluster whose ranks drift apart under load fails",
+        )
     found: dict[str, Any] = {}
     for kind, given in spec.items():
         where: DocPath = (*path, kind)
@@ -1195,12 +1220,13 @@ def _kinds(doc: Located, defaults_doc: Located, path: DocPath, value: Any, promp
             else check(defaults_doc, ("check_kinds", kind, key), defaults[key])
             for key, check in KIND_KEYS[kind].items()
         }
-        found[kind] = _kind(doc, where, kind, settings, prompts)
+        found[kind] = _kind(doc, where, kind, settings, check)
     return Kinds(**found)
 
 
-def _kind(doc: Located, path: DocPath, kind: str, settings: dict[str, Any], prompts: tuple[Prompt, ...]) -> Any:
+def _kind(doc: Located, path: DocPath, kind: str, settings: dict[str, Any], check: Check) -> Any:
     """One kind's settings, checked together (what no single key can say)."""
+    prompts = check.prompts
     if kind == "arithmetic":
         return Arithmetic(**settings)
     if kind == "needles":
@@ -1213,6 +1239,8 @@ def _kind(doc: Located, path: DocPath, kind: str, settings: dict[str, Any], prom
                 (*path, "concurrency"), f"{settings['concurrency']} at a time never happens in {settings['requests']} requests"
             )
         return BurnIn(**settings)
+    if kind == "multi_node":
+        return _multi_node(doc, path, settings, check)
     if settings["min_distinct"] > settings["window"]:
         raise doc.fail(
             (*path, "min_distinct"), f"{settings['min_distinct']} distinct tokens never fit a window of {settings['window']}"
@@ -1223,6 +1251,25 @@ def _kind(doc: Located, path: DocPath, kind: str, settings: dict[str, Any], prom
             raise doc.fail(path, "give 'prompt:' (a text to continue): the check has no completions prompt to continue")
         settings["prompt"] = first.prompt
     return LongGeneration(**settings)
+
+
+def _multi_node(doc: Located, path: DocPath, settings: dict[str, Any], check: Check) -> MultiNode:
+    if settings["nodes"] < 2:
+        raise doc.fail((*path, "nodes"), f"a cluster is 2 nodes or more, got {settings['nodes']}: one node is the check itself")
+    if check.bench:
+        raise doc.fail(
+            path,
+            "give a check served across nodes bench: false: its speed is measured where the same model runs on one node "
+            "(a check of its own); a cluster's figures judged against that baseline would mean nothing",
+        )
+    own = [a.split("=", 1)[0] for a in check.serve_args if a.split("=", 1)[0] in CLUSTER_FLAGS]
+    if own:
+        raise doc.fail(
+            path,
+            f"the check's serve_args set {', '.join(own)}, which multi_node sets on each node (tensor parallel over "
+            f"{settings['nodes']} nodes): remove them from serve_args, or name multi_node on a check of its own",
+        )
+    return MultiNode(**settings)
 
 
 MODEL_KEYS = ("hub", "revision", "path")

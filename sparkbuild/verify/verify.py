@@ -33,7 +33,7 @@ from sparkbuild.plan.matrix import Check, Prompt
 from sparkbuild.upstream import kernelpath
 from sparkbuild.util import host, log
 from sparkbuild.util.net import free_port
-from sparkbuild.verify import checkkinds, checkmodel, numerics, probes, speed
+from sparkbuild.verify import checkkinds, checkmodel, multinode, numerics, probes, speed
 from sparkbuild.verify.benchmark import Benchmark
 from sparkbuild.verify.layout import SERVER_LOG, result_files
 
@@ -86,6 +86,8 @@ class VerifyResult:
     served_before: int | None = None
     # The answers and their numbers asked again after everything else verify sent (None: not reached).
     after_load: Recheck | None = None
+    # The nodes that served, where a cluster did (multi_node): how many, how split, where they met, their logs.
+    cluster: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -157,7 +159,10 @@ def image_id(engine: Engine, image: str) -> str:
 def serve_check(engine: Engine, image: str, check: Check, model: Path, result_file: Path, *, gpus: bool = False) -> VerifyResult:
     """Serve ``model`` from ``image`` and run the check: the result, written to ``result_file``,
     not judged; the speed too where the check has ``bench``. Whatever happens, the server's whole
-    log is kept beside the result; when the check fails, so is what failed (``failure.json``)."""
+    log is kept beside the result; when the check fails, so is what failed (``failure.json``).
+    A check naming ``multi_node`` is served by a cluster of the image instead (``serve_cluster``)."""
+    if check.kinds.multi_node is not None:
+        return serve_cluster(engine, image, check, model, result_file, gpus=gpus)
     folder = result_file.parent
     with started(engine, image, check, model, gpus=gpus) as (container, url):
         done = False
@@ -195,6 +200,68 @@ def serve_check(engine: Engine, image: str, check: Check, model: Path, result_fi
         finally:
             if not done:
                 _save_log(container, folder / SERVER_LOG)
+
+
+# Where a cluster's nodes keep their logs, beside the check's result (the head's is also server.log).
+MULTI_NODE_DIR = "multi-node"
+
+
+def serve_cluster(
+    engine: Engine,
+    image: str,
+    check: Check,
+    model: Path,
+    result_file: Path,
+    *,
+    gpus: bool = False,
+    images: Sequence[str] = (),
+    layout: multinode.Layout | None = None,
+) -> VerifyResult:
+    """The check with a cluster of ``image`` as its server (sparkbuild/verify/multinode.py): the model split
+    over the nodes by vLLM's own multi-node launch, then every step of the check against the head, as
+    against one server: answers, probes, the logprobs held to the model's reference (what one node must
+    give), the kinds (the burn-in among them), the kernel path from the head's log. A node that stops
+    fails the check naming it; every node's log is kept in ``multi-node/`` beside the result.
+    ``images``: each node's image where they differ (default ``image`` on every node); ``layout``: where
+    the nodes meet (default: this machine's loopback, free ports)."""
+    settings = check.kinds.multi_node
+    if settings is None:
+        raise ValueError(f"check {check.name} names no multi_node")
+    folder = result_file.parent
+    nodes = tuple(images) or (image,) * settings.nodes
+    layout = layout or multinode.loopback(settings.nodes)
+    with multinode.cluster(
+        engine, check, model, folder / MULTI_NODE_DIR, images=nodes, model_name=MODEL_NAME, layout=layout, gpus=gpus
+    ) as found:
+        head = found.nodes[0]
+        server = Server(
+            url=found.url,
+            model=MODEL_NAME,
+            read_log=lambda: head.logs(tail=None),
+            no_benchmark=f"check {check.name} is served by a cluster: its speed is measured on one node",
+            image_id=found.image_id,
+            reference=numerics.load(model),
+            cluster=found.describe(folder / MULTI_NODE_DIR),
+        )
+        try:
+            result = run_check(server, check, image=image, model=str(model), startup=found.startup_s, result_file=result_file)
+        except VerifyError as exc:
+            down = found.watch.settle()
+            cause = (
+                exc if down is None else VerifyError(f"{down.text()}, while verify asked the cluster: {exc}", request=exc.request)
+            )
+            raise cluster_failed(cause, found, check, image, folder) from None
+        if found.watch.down is not None:
+            raise cluster_failed(VerifyError(f"{found.watch.down.text()}, as verify finished"), found, check, image, folder)
+        return result
+
+
+def cluster_failed(exc: VerifyError, found: multinode.Cluster, check: Check, image: str, folder: Path) -> VerifyError:
+    """``exc`` with the evidence kept, as ``failed`` keeps it for one server (the head's log is server.log),
+    and where every node's log is."""
+    head = found.nodes[0]
+    _save_log(head, folder / SERVER_LOG)
+    return VerifyError(f"{failed(exc, head, check, image, folder)}\n  every node's log: {folder / MULTI_NODE_DIR}")
 
 
 def _save_log(container: Container, path: Path) -> None:
@@ -400,6 +467,8 @@ class Server:
     reference: numerics.Reference | None = None
     # The ID of the image serving (None: a server verify did not start).
     image_id: str | None = None
+    # A cluster's shape, where the server is one (sparkbuild/verify/multinode.py): kept in the result.
+    cluster: dict[str, Any] | None = None
 
 
 def run_check(server: Server, check: Check, *, image: str, model: str, startup: float, result_file: Path) -> VerifyResult:
@@ -447,6 +516,7 @@ def run_check(server: Server, check: Check, *, image: str, model: str, startup: 
         kinds=kinds,
         served_before=served_before,
         after_load=after,
+        cluster=server.cluster,
     )
     result_file.parent.mkdir(parents=True, exist_ok=True)
     result_file.write_text(json.dumps(result.to_json(), indent=2) + "\n")

@@ -347,6 +347,13 @@ def test_a_kind_named_takes_the_defaults_for_what_it_does_not_set(write_matrix: 
             "long_generation.min_distinct: 8 distinct tokens never fit a window of 4",
         ),
         ("      long_generation: {tokens: 0}", "long_generation:", "long_generation.tokens: expected a positive whole number"),
+        ("      multi_node: {nodes: 2}", "multi_node", "kinds.multi_node: a check served across nodes names burn_in too"),
+        ("      multi_node: {nodes: 1}\n      burn_in: {}", "nodes", "multi_node.nodes: a cluster is 2 nodes or more, got 1"),
+        (
+            "      multi_node: {}\n      burn_in: {}",
+            "multi_node",
+            "kinds.multi_node: give a check served across nodes bench: false",
+        ),
     ],
 )
 def test_a_bad_kind_setting_names_its_file_line_and_key(write_matrix: MatrixWriter, kinds: str, at: str, message: str) -> None:
@@ -364,10 +371,26 @@ def test_a_long_generation_of_a_chat_only_check_needs_its_own_prompt(write_matri
     assert matrix.load(write_matrix(own + LOCAL, with_checks=False)).checks["alphabet"].kinds.long_generation is not None
 
 
-def test_the_shipped_real_model_checks_run_every_kind_and_the_alphabet_the_two_it_can_answer() -> None:
+def test_a_check_served_across_nodes_leaves_the_cluster_flags_to_it(write_matrix: MatrixWriter) -> None:
+    body = CHECK_WITH.format(kinds="      multi_node: {nodes: 2}\n      burn_in: {}").replace(
+        "    model: alphabet\n", "    model: alphabet\n    bench: false\n    serve_args: [--tensor-parallel-size=2, --headless]\n"
+    )
+    path = write_matrix(body + LOCAL, with_checks=False)
+    error = error_of(path)
+    assert error.startswith(f"{path}:{line_of(path, 'multi_node')}: checks.alphabet.kinds.multi_node: "), error
+    assert "the check's serve_args set --tensor-parallel-size, --headless, which multi_node sets on each node" in error
+    own = matrix.load(
+        write_matrix(
+            body.replace("serve_args: [--tensor-parallel-size=2, --headless]", "serve_args: []") + LOCAL, with_checks=False
+        )
+    )
+    assert own.checks["alphabet"].kinds.multi_node == matrix.MultiNode(nodes=2)
+
+
+def test_the_shipped_real_model_checks_run_every_server_kind_and_the_alphabet_the_two_it_can_answer() -> None:
     checks = matrix.load(ROOT / "matrix.yaml").checks
     for name in ("gpt-oss-120b", "qwen3-30b-a3b-fp8", "qwen3.5-122b-a10b-nvfp4"):
-        assert checks[name].kinds.named == matrix.KIND_NAMES, name
+        assert checks[name].kinds.named == matrix.SERVER_KINDS, name
         burn_in = checks[name].kinds.burn_in
         assert burn_in is not None and burn_in.concurrency <= max_num_seqs(checks[name].serve_args), name
     assert checks["alphabet"].kinds.named == ("burn_in", "long_generation")

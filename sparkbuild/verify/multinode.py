@@ -1,0 +1,281 @@
+"""A cluster of one container a node serving one model with vLLM's own multi-node launch.
+
+vLLM's multiprocessing executor spans nodes by itself (``--nnodes``, ``--node-rank``, ``--master-addr``,
+``--master-port``; every node past the head runs ``--headless``): the launch without Ray that the
+community Spark build made its default in 2026. sparkbuild writes no distributed code: it starts one
+container a node with those arguments, checks what must hold before any of them starts (the same image
+build on every node, the ports free), watches every node while the head serves, and keeps each node's log.
+
+The model is split tensor parallel, one rank a node (``--tensor-parallel-size`` = nodes): what Spark
+owners run across two Sparks (a model too large for one box, each rank holding its share of every
+layer), and what vLLM's CPU backend runs too, so the rehearsal here takes the same path.
+
+Where every node talks is named, never guessed: vLLM binds its message queue to ``VLLM_HOST_IP`` and
+otherwise to the address of the default route (a LAN address, not the link between the Sparks), and
+Gloo and NCCL pick their interface from ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME``. On a Spark pair
+that is the QSFP link; here, the loopback (``lo``, 127.0.0.1): every node is a container in the host's
+network namespace, and Gloo (vLLM's CPU communicator) stands in for NCCL. vLLM's shared-memory
+communicator needs its ranks on one host and says in the log that it falls back to torch.distributed,
+so the ranks' traffic goes through the network stack as between two Sparks.
+"""
+
+from __future__ import annotations
+
+import errno
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from sparkbuild.errors import VerifyError
+from sparkbuild.oci import jitcache
+from sparkbuild.oci.engine import Container, Engine, ServerState
+from sparkbuild.plan.matrix import Check
+from sparkbuild.util import log
+from sparkbuild.util.net import free_port
+
+# This machine's cluster: every node on the loopback.
+LOOPBACK = "127.0.0.1"
+LOOPBACK_INTERFACE = "lo"
+# How often the watch looks at every node, and how long a failed request waits for it to see a node stop.
+WATCH_S = 0.5
+SETTLE_S = 10.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """Where the nodes meet: the head's address and port for vLLM's ranks, the API's port, the
+    interface NCCL and Gloo use, and each node's own address on it."""
+
+    nodes: int
+    master_addr: str
+    master_port: int
+    api_port: int
+    interface: str
+    addresses: tuple[str, ...]
+
+
+def loopback(nodes: int, *, master_port: int | None = None, api_port: int | None = None) -> Layout:
+    """The layout of a cluster on this machine's loopback, with free ports unless given."""
+    return Layout(
+        nodes=nodes,
+        master_addr=LOOPBACK,
+        master_port=master_port if master_port is not None else free_port(),
+        api_port=api_port if api_port is not None else free_port(),
+        interface=LOOPBACK_INTERFACE,
+        addresses=(LOOPBACK,) * nodes,
+    )
+
+
+def node_args(layout: Layout, rank: int) -> list[str]:
+    """The arguments vLLM's multi-node launch takes on node ``rank`` (after the model and serve args)."""
+    out = ["--tensor-parallel-size", str(layout.nodes), "--nnodes", str(layout.nodes), "--node-rank", str(rank)]
+    out += ["--master-addr", layout.master_addr, "--master-port", str(layout.master_port)]
+    return out if rank == 0 else [*out, "--headless"]
+
+
+def node_environment(layout: Layout, rank: int) -> dict[str, str]:
+    """What every rank on node ``rank`` talks through: its own address (vLLM's message queue) and the
+    interface (Gloo's and NCCL's sockets)."""
+    return {
+        "VLLM_HOST_IP": layout.addresses[rank],
+        "GLOO_SOCKET_IFNAME": layout.interface,
+        "NCCL_SOCKET_IFNAME": layout.interface,
+    }
+
+
+def same_build(engine: Engine, images: Sequence[str]) -> str:
+    """The image ID every node would run; refused, naming both, where a node's differs from the head's."""
+    ids = [str(engine.inspect(image)["Id"]) for image in images]
+    for rank, (image, found) in enumerate(zip(images, ids, strict=True)):
+        if found != ids[0]:
+            raise VerifyError(
+                f"refused before serving: node {rank} would run {image} ({found}) and the head {images[0]} ({ids[0]}): "
+                "every node must run the same image build; pull the head's digest on every node"
+            )
+    return ids[0]
+
+
+def port_free(address: str, port: int, what: str) -> None:
+    """Refuse a port the cluster cannot bind, before any node starts."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((address, port))
+        except OSError as exc:
+            why = "in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+            raise VerifyError(
+                f"refused before serving: port {port} on {address}, {what}, cannot be bound ({why}): "
+                "free it, or give the cluster another port"
+            ) from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Down:
+    """A node that stopped while the cluster served, and how."""
+
+    rank: int
+    name: str
+    state: ServerState
+
+    def text(self) -> str:
+        who = "the head (node 0)" if self.rank == 0 else f"node {self.rank}"
+        return f"{who}, container {self.name}, {self.state.text()}"
+
+
+class Watch:
+    """Looks at every node every WATCH_S seconds; the first that stops is kept (by the time Docker
+    says it finished, so a node that brought the others down is the one named), and the others are
+    stopped then, so no request waits on a cluster that lost a rank."""
+
+    def __init__(self, nodes: Sequence[Container]) -> None:
+        self._nodes = list(nodes)
+        self._down: Down | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="node-watch", daemon=True)
+
+    def __enter__(self) -> Watch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def down(self) -> Down | None:
+        return self._down
+
+    def settle(self, grace_s: float = SETTLE_S) -> Down | None:
+        """After a request failed: the node that stopped, if one did, waiting up to ``grace_s`` for Docker
+        to see it (the head answers 500 as soon as it loses a rank, before the dead node's container ends)."""
+        end = time.monotonic() + grace_s
+        while (down := self._look()) is None and time.monotonic() < end:
+            time.sleep(WATCH_S)
+        return down
+
+    def _run(self) -> None:
+        while not self._stop.wait(WATCH_S):
+            if self._look() is not None:
+                return
+
+    def _look(self) -> Down | None:
+        with self._lock:
+            if self._down is None:
+                stopped = [(rank, node) for rank, node in enumerate(self._nodes) if not node.running()]
+                if stopped:
+                    self._down = first_down(stopped)
+                    log.error(f"multi_node: {self._down.text()}: stopping the other nodes")
+                    for node in self._nodes:
+                        node.kill()
+            return self._down
+
+
+def first_down(stopped: Sequence[tuple[int, Container]]) -> Down:
+    """The node Docker saw finish first."""
+    rank, node = min(stopped, key=lambda item: item[1].finished_at())
+    return Down(rank=rank, name=node.name, state=node.state())
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cluster:
+    url: str
+    nodes: tuple[Container, ...]
+    watch: Watch
+    layout: Layout
+    # The image every node runs, by its ID; how long the head took to serve.
+    image_id: str
+    startup_s: float = 0.0
+
+    def describe(self, logs: Path) -> dict[str, Any]:
+        """The cluster in the check's result."""
+        n = self.layout.nodes
+        return {
+            "nodes": n,
+            "launch": "vLLM's multi-node launch (--nnodes, --node-rank, --master-addr, --headless)",
+            "parallel": f"tensor parallel, {n} ranks, one a node",
+            "master": f"{self.layout.master_addr}:{self.layout.master_port}",
+            "interface": self.layout.interface,
+            "containers": [node.name for node in self.nodes],
+            "logs": [str(path) for path in logs_of(logs, n).values()],
+        }
+
+
+@contextmanager
+def cluster(
+    engine: Engine,
+    check: Check,
+    model: Path,
+    folder: Path,
+    *,
+    images: Sequence[str],
+    model_name: str,
+    layout: Layout,
+    gpus: bool = False,
+) -> Iterator[Cluster]:
+    """Every node started, the head healthy, the watch on; on the way out every node's log is kept in
+    ``folder`` (``node-RANK.log``) and every node removed."""
+    identity = same_build(engine, images)
+    port_free(layout.master_addr, layout.master_port, "where the head meets its nodes (vLLM's --master-port)")
+    port_free(LOOPBACK, layout.api_port, "the head's OpenAI API")
+    caches = jitcache.for_image(identity)
+    token = secrets.token_hex(4)
+    folder.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        nodes: list[Container] = []
+        for rank, image in enumerate(images):
+            command = ["/model", *check.serve_args, *node_args(layout, rank)]
+            if rank == 0:
+                command[1:1] = ["--host", LOOPBACK, "--port", str(layout.api_port), "--served-model-name", model_name]
+            environment = {**jitcache.environment(), **node_environment(layout, rank)}
+            node = stack.enter_context(
+                engine.run(
+                    image,
+                    command,
+                    name=f"sparkbuild-node-{token}-{rank}",
+                    mounts={model.resolve(): "/model"},
+                    caches=caches,
+                    environment=environment,
+                    gpus=gpus,
+                )
+            )
+            stack.callback(_keep_log, node, logs_of(folder, len(images))[rank])
+            nodes.append(node)
+        watch = stack.enter_context(Watch(nodes))
+        found = Cluster(
+            url=f"http://{LOOPBACK}:{layout.api_port}", nodes=tuple(nodes), watch=watch, layout=layout, image_id=identity
+        )
+        with log.step(f"Waiting for the {layout.nodes}-node cluster of {images[0]} to serve on {found.url}"):
+            startup = wait_healthy(found, check.startup_timeout)
+        yield replace(found, startup_s=startup)
+
+
+def _keep_log(node: Container, path: Path) -> None:
+    path.write_text(node.logs(tail=None))
+
+
+def wait_healthy(found: Cluster, timeout: int) -> float:
+    """Poll the head's /health until it answers; fail at once, naming the node, if one stops."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if found.watch.down is not None:
+            raise VerifyError(f"a node stopped before the cluster served: {found.watch.down.text()}")
+        try:
+            if requests.get(f"{found.url}/health", timeout=2).status_code == 200:
+                return time.monotonic() - start
+        except requests.RequestException:
+            pass  # not listening yet
+        time.sleep(1)
+    raise VerifyError(f"the cluster was not healthy after {timeout}s (the head's last log lines):\n{found.nodes[0].logs(40)}")
+
+
+def logs_of(folder: Path, nodes: int) -> Mapping[int, Path]:
+    """Where each node's log is kept."""
+    return {rank: folder / f"node-{rank}.log" for rank in range(nodes)}

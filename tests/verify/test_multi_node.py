@@ -1,0 +1,149 @@
+"""A check served by two nodes (issue 40): the shipped ``moe-alphabet-2node`` check on a cluster of the local
+image, one container a node on this machine's loopback, formed by vLLM's own multi-node launch (``--nnodes 2``,
+the second node ``--headless``), tensor parallel over the two, Gloo in place of NCCL; and each fault Spark
+owners meet with two boxes, made for real and caught for its reason:
+
+- a node running another build of the image (a derived image, one layer away): refused before any node
+  starts, naming both image IDs;
+- a node that dies while the cluster serves (its container killed with SIGKILL during the burn-in, as the
+  kernel's OOM killer or a lost box ends it): verify fails naming the node, keeps both nodes' logs, and does
+  not wait on the cluster that lost a rank;
+- a port the cluster cannot bind (held by another socket): refused before any node starts, naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sparkbuild.errors import VerifyError
+from sparkbuild.oci.engine import Engine
+from sparkbuild.plan import matrix
+from sparkbuild.verify import checkmodel, multinode, verify
+from tests.support import ROOT
+from tests.support.images import Created, derived_image
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+CHECK = "moe-alphabet-2node"
+
+
+def shipped() -> matrix.Check:
+    return matrix.load(ROOT / "matrix.yaml").checks[CHECK]
+
+
+@pytest.fixture(scope="module")
+def model(cache: Path) -> Path:
+    return checkmodel.provide(cache, shipped())
+
+
+def test_the_shipped_check_passes_on_two_nodes_of_the_local_image(
+    engine: Engine, local_image: str, cache: Path, tmp_path: Path
+) -> None:
+    result_file = tmp_path / "verify.json"
+    found = verify.verify_all(engine, local_image, [shipped()], result_file, cache=cache)
+    assert not found.failures, found.failures
+    data = json.loads(result_file.read_text())
+    assert data["ok"] and data["cluster"]["nodes"] == 2, data
+    assert [a["received"] for a in data["answers"]] == [p.expect for p in shipped().prompts]
+    assert data["numbers"] and all(n["ok"] for n in data["numbers"])  # held to the model's own reference
+    assert [k["kind"] for k in data["kinds"]] == ["burn_in"] and data["kinds"][0]["figures"]["right"] == 42
+    head, worker = (tmp_path / verify.MULTI_NODE_DIR / f"node-{rank}.log" for rank in (0, 1))
+    master = data["cluster"]["master"]
+    # Both ranks met at the head over TCP on the loopback, and their traffic went through it: vLLM's
+    # shared-memory communicator, which would join ranks on one host, said it was not used.
+    for text, rank in ((head.read_text(), 0), (worker.read_text(), 1)):
+        assert f"rank={rank} local_rank=0 distributed_init_method=tcp://{master} backend=gloo" in text
+        assert f"TP rank {rank}" in text
+        assert "CPU SHM communicator disabled for group tp:0" in text
+    # vLLM's message queue to the other node bound the loopback, not the default route's address.
+    assert "mq_connect_ip=127.0.0.1" in head.read_text()
+
+
+@pytest.fixture(scope="module")
+def other_build(engine: Engine, local_image: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    folder = tmp_path_factory.mktemp("other-build")
+    return derived_image(
+        engine, local_image, "sparkbuild-test/other-build:node", "RUN echo another build > /etc/another-build", folder
+    )
+
+
+def test_a_node_of_another_build_is_refused_before_any_node_starts(
+    engine: Engine, local_image: str, other_build: str, model: Path, tmp_path: Path
+) -> None:
+    with Created(engine, local_image, other_build) as created, pytest.raises(VerifyError) as caught:
+        verify.serve_cluster(engine, local_image, shipped(), model, tmp_path / "verify.json", images=(local_image, other_build))
+    ids = {image: engine.inspect(image)["Id"] for image in (local_image, other_build)}
+    assert f"node 1 would run {other_build} ({ids[other_build]}) and the head {local_image} ({ids[local_image]})" in str(
+        caught.value
+    )
+    assert created.events == []
+
+
+def test_a_port_the_cluster_cannot_bind_is_refused_before_any_node_starts(
+    engine: Engine, local_image: str, model: Path, tmp_path: Path
+) -> None:
+    with socket.socket() as held:
+        held.bind((multinode.LOOPBACK, 0))
+        held.listen()
+        port = held.getsockname()[1]
+        layout = multinode.loopback(2, master_port=port)
+        with Created(engine, local_image) as created, pytest.raises(VerifyError) as caught:
+            verify.serve_cluster(engine, local_image, shipped(), model, tmp_path / "verify.json", layout=layout)
+    assert f"port {port} on 127.0.0.1, where the head meets its nodes (vLLM's --master-port), cannot be bound (in use)" in str(
+        caught.value
+    )
+    assert created.events == []
+
+
+@pytest.fixture
+def killer(engine: Engine) -> Iterator[tuple[multinode.Layout, threading.Thread]]:
+    """A cluster's layout, and a thread that kills its node 1 once the head has finished KILL_AFTER requests."""
+    layout = multinode.loopback(2)
+    url = f"http://{multinode.LOOPBACK}:{layout.api_port}"
+    done = threading.Event()
+
+    def kill() -> None:
+        while not done.is_set():
+            served = verify.served_requests(url)
+            if served is not None and served >= KILL_AFTER:
+                for container in engine.client.containers.list(filters={"name": "sparkbuild-node-"}):
+                    if container.name.endswith("-1") and f"{layout.master_port}" in container.attrs["Args"]:
+                        container.kill()
+                        return
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    yield layout, thread
+    done.set()
+    thread.join()
+
+
+# The answers, the client probes and the numbers take about 31 requests; the burn-in below 400 more.
+KILL_AFTER = 60
+
+
+def test_a_node_that_dies_while_the_cluster_serves_fails_verify_naming_it(
+    engine: Engine, local_image: str, model: Path, tmp_path: Path, killer: tuple[multinode.Layout, threading.Thread]
+) -> None:
+    layout, thread = killer
+    kinds = dataclasses.replace(shipped().kinds, burn_in=matrix.BurnIn(requests=400, concurrency=2))
+    check = dataclasses.replace(shipped(), kinds=kinds)
+    with pytest.raises(VerifyError) as caught:
+        verify.serve_cluster(engine, local_image, check, model, tmp_path / "verify.json", layout=layout)
+    error = str(caught.value)
+    assert not thread.is_alive(), "the node was never killed: the check ended first"
+    assert "node 1, container sparkbuild-node-" in error and "exited with code 137 (SIGKILL)" in error, error
+    assert "while verify asked the cluster: burn_in request" in error, error
+    logs = [tmp_path / verify.MULTI_NODE_DIR / f"node-{rank}.log" for rank in (0, 1)]
+    assert all("TP rank" in path.read_text() for path in logs)
+    failure = json.loads((tmp_path / verify.FAILURE).read_text())
+    assert "node 1" in failure["error"]
