@@ -23,7 +23,7 @@ import click
 from sparkbuild import __version__, errors
 from sparkbuild.config import options
 from sparkbuild.config.options import Options
-from sparkbuild.errors import ConfigError, FatalError, VerifyError
+from sparkbuild.errors import ConfigError, EngineError, FatalError, VerifyError
 from sparkbuild.models import model
 from sparkbuild.util import log
 
@@ -128,10 +128,28 @@ def cli() -> None:
 @click.option("--lock", type=click.Path(path_type=Path), help="Lock file (default: <matrix>.lock.json).")
 @click.option("--registry", help="host:port of the registry the lanes would use (default: SPARKBUILD_REGISTRY).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def doctor_cmd(matrix: Path | None, lock: Path | None, registry: str | None, as_json: bool) -> None:
+@click.option("--node", "nodes", multiple=True, metavar="HOST", help="What HOST (reached with ssh) lacks for `run --node`.")
+@click.option("--interface", help="With --node: the interface the nodes share, checked on this machine and each HOST.")
+@click.option("--image", help="With --node: the image every node must hold, the same build as this machine's.")
+@click.option("--ssh-config", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="With --node: ssh's config.")
+def doctor_cmd(
+    matrix: Path | None,
+    lock: Path | None,
+    registry: str | None,
+    as_json: bool,
+    nodes: tuple[str, ...],
+    interface: str | None,
+    image: str | None,
+    ssh_config: Path | None,
+) -> None:
     """What this host can run: machine, CPU features, memory, disk, engine and BuildKit, emulation, GPU
-    and driver, registry; then each profile, target and check of the matrix, and why not."""
+    and driver, registry; then each profile, target and check of the matrix, and why not. With --node:
+    what this machine and each HOST lack to serve together (docs/multi-node.md)."""
     from sparkbuild.lanes import doctor
+
+    if nodes:
+        doctor_nodes(nodes, interface, image, ssh_config, as_json=as_json)
+        return
 
     # Before `sparkbuild init` there is no matrix: the host is still worth a report.
     optional = matrix is None and not options.env("SPARKBUILD_MATRIX")
@@ -142,6 +160,28 @@ def doctor_cmd(matrix: Path | None, lock: Path | None, registry: str | None, as_
         click.echo(found.text())
     if found.matrix_error is not None:
         raise ConfigError(found.matrix_error)
+
+
+def doctor_nodes(
+    hosts: tuple[str, ...], interface: str | None, image: str | None, ssh_config: Path | None, *, as_json: bool
+) -> None:
+    """`doctor --node`: each node's findings; exit 4 where one lacks what a run needs (warnings do not fail)."""
+    from sparkbuild.lanes import nodes
+
+    head = nodes.Node(host=None)
+    head_id = None
+    if image:
+        with contextlib.suppress(EngineError):  # this machine's own finding says it lacks the image
+            head_id = nodes.image_id(head, image)
+    every = (head, *(nodes.Node(host=h, ssh_config=ssh_config) for h in hosts))
+    found = {n.name: nodes.examine(n, interface=interface, image=image, head_id=head_id) for n in every}
+    if as_json:
+        emit_json({name: [dataclasses.asdict(f) for f in findings] for name, findings in found.items()})
+    else:
+        click.echo("\n".join(f"{name}:\n" + "\n".join(f.line() for f in findings) for name, findings in found.items()))
+    lacking = [f"{name}: {f.what}" for name, findings in found.items() for f in findings if f.ok is False]
+    if lacking:
+        raise EngineError(f"{len(lacking)} thing(s) a multi-node run needs are missing: {'; '.join(lacking)}")
 
 
 @cli.command("init")
@@ -493,6 +533,22 @@ def model_cmd(name: str) -> None:
 @click.option("--gpus/--no-gpus", default=None, help="Give it every GPU (default: unless the image has no CUDA).")
 @click.option("--print", "print_only", is_flag=True, help="Print the docker run command; start nothing.")
 @click.option("--json", "as_json", is_flag=True, help="With --print or --detach: the command as a JSON list.")
+@click.option(
+    "--node",
+    "nodes",
+    multiple=True,
+    metavar="HOST",
+    help="Serve across this machine and HOST (repeat for more), reached with ssh: vLLM's multi-node launch, tensor parallel.",
+)
+@click.option("--interface", help="With --node: the network interface the nodes share (a Spark pair's QSFP port).")
+@click.option(
+    "--master-port", type=int, default=29501, show_default=True, help="With --node: where the nodes meet on this machine."
+)
+@click.option(
+    "--ssh-config",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="With --node: the ssh config file to reach the nodes with (default: ssh's own).",
+)
 def run_cmd(
     image: str,
     model: str,
@@ -505,10 +561,15 @@ def run_cmd(
     gpus: bool | None,
     print_only: bool,
     as_json: bool,
+    nodes: tuple[str, ...],
+    interface: str | None,
+    master_port: int,
+    ssh_config: Path | None,
 ) -> None:
     """Serve MODEL with IMAGE as a Spark needs it: host IPC and network, the GPUs, the Hugging Face
     cache, and the JIT caches (FlashInfer, torch.compile, Inductor, Triton, CUDA) on named volumes.
-    VLLM_ARGS go to `vllm serve` after the image's serving defaults; put them after `--`."""
+    VLLM_ARGS go to `vllm serve` after the image's serving defaults; put them after `--`.
+    With --node, this machine and each HOST serve it together (docs/multi-node.md)."""
     from sparkbuild.lanes import launch
 
     spec = launch.Launch(
@@ -522,11 +583,35 @@ def run_cmd(
         gpus=gpus,
         detach=detach,
     )
+    if nodes or interface or ssh_config:
+        run_cluster(spec, nodes, interface, master_port, ssh_config, print_only=print_only)
+        return
     args = launch.run(spec, dry_run=print_only)
     if as_json:
         emit_json(args)
     elif print_only:
         click.echo(shlex.join(args))
+
+
+def run_cluster(
+    spec: Any, hosts: tuple[str, ...], interface: str | None, master_port: int, ssh_config: Path | None, *, print_only: bool
+) -> None:
+    """`sparkbuild run --node`: this machine and each host serving one model (sparkbuild/lanes/nodes.py)."""
+    from sparkbuild.lanes import nodes
+
+    if not hosts or not interface:
+        raise ConfigError("--node and --interface go together: the hosts to serve with, and the interface they share")
+    if print_only:
+        raise ConfigError("--print: a cluster's commands depend on what each node says (its address); run without --print")
+    found = nodes.Cluster(
+        launch=spec,
+        nodes=tuple(nodes.Node(host=h, ssh_config=ssh_config) for h in hosts),
+        interface=interface,
+        master_port=master_port,
+    )
+    names = nodes.start(found, follow=not spec.detach)
+    if spec.detach:
+        click.echo("\n".join(names))
 
 
 @cli.command("verify")

@@ -38,10 +38,13 @@ class ToolMissingError(FatalError):
 
 
 class EngineError(FatalError):
-    """The container engine is unreachable or refused an operation."""
+    """The container engine, or a node of a cluster, is unreachable, refused an operation or lacks what serving needs."""
 
     exit_code = 4
-    meaning = "the container engine is unreachable or refused an operation"
+    meaning = (
+        "the container engine, or a node of a cluster (run --node, doctor --node), is unreachable, refused an "
+        "operation or lacks what serving needs"
+    )
 
 
 class BuildError(FatalError):

@@ -14,7 +14,8 @@ and what serving needs. Every check runs the real thing (no GPU needed):
   version compiles a unit that includes the runtime, NVRTC, cuBLAS, cuRAND and CUB headers, and
   FlashInfer finds that toolkit;
 - torchvision, torchaudio and torchcodec import, matching torch;
-- ray imports and the RDMA user-space libraries NCCL opens for two Sparks load;
+- ray imports and the RDMA user-space libraries NCCL opens for two Sparks load; the NCCL torch loads is
+  not one that deadlocks CUDA graphs across nodes (2.28.9 to before 2.30.4, vLLM #52504);
 - Triton is pointed at the ptxas pick_ptxas.py chose for the GPU (it assembled a kernel for it);
 - fastsafetensors (vLLM's --load-format fastsafetensors) imports and the libnuma it opens loads;
 - every plugin vLLM loads at start-up (``vllm.general_plugins``) loads: vLLM logs a failing one and
@@ -240,7 +241,26 @@ def multi_node():
     for name in ("libibverbs.so.1", "librdmacm.so.1"):
         ctypes.CDLL(name)
         libraries[name] = "loads"
-    return {"ray": ray.__version__, **libraries, "nccl_h": nccl_header()}
+    return {"ray": ray.__version__, **libraries, "nccl_h": nccl_header(), "nccl": nccl_version()}
+
+
+# NCCL deadlocks CUDA graphs captured across nodes from 2.28.9, as reported, until 2.30.4 fixed it (vLLM #52504):
+# two Sparks serving with graphs hang. Earlier releases were not reported to.
+NCCL_HANGS = ((2, 28, 9), (2, 30, 4))
+
+
+def nccl_version():
+    """The NCCL torch loads (ncclGetVersion through torch: no GPU needed), outside the range that hangs."""
+    found = tuple(torch.cuda.nccl.version())
+    text = ".".join(map(str, found))
+    first, fixed = NCCL_HANGS
+    if first <= found < fixed:
+        raise RuntimeError(
+            f"torch loads NCCL {text}, which deadlocks CUDA graphs across nodes (vLLM #52504, from "
+            f"{'.'.join(map(str, first))}; fixed in {'.'.join(map(str, fixed))}): install nvidia-nccl at "
+            f"{'.'.join(map(str, fixed))} or later"
+        )
+    return text
 
 
 def nccl_header():

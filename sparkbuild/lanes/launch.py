@@ -24,6 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,6 +83,12 @@ def has_cuda(image: str) -> bool:
 
 def command(launch: Launch, gpus: bool) -> list[str]:
     """The ``docker run`` argument list."""
+    out, model = options_and_model(launch, gpus)
+    return [*out, launch.image, model, "--port", str(launch.port), *launch.args]
+
+
+def options_and_model(launch: Launch, gpus: bool, env: Mapping[str, str] = {}) -> tuple[list[str], str]:
+    """``docker run`` and its options (``env`` added to the environment), and the model as the server sees it."""
     # --init reaps the server's children (inductor's compile workers), as verify's servers do.
     out = [docker(), "run", "--init", "--network", "host", "--ipc", "host"]
     if launch.detach:
@@ -97,7 +104,7 @@ def command(launch: Launch, gpus: bool) -> list[str]:
     out += ["--volume", f"{hf_cache(launch.hf_cache)}:{HOME}/.cache/huggingface"]
     for cache in CACHES:
         out += ["--volume", f"{volume(cache, launch.prefix)}:{cache.path}"]
-    out += [arg for key, value in environment().items() for arg in ("--env", f"{key}={value}")]
+    out += [arg for key, value in {**environment(), **env}.items() for arg in ("--env", f"{key}={value}")]
     if options.env("HF_TOKEN"):
         out += ["--env", "HF_TOKEN"]  # by name: the value stays out of the command line
     model = launch.model
@@ -105,7 +112,7 @@ def command(launch: Launch, gpus: bool) -> list[str]:
     if folder.is_dir():
         model = f"/models/{folder.resolve().name}"
         out += ["--volume", f"{folder.resolve()}:{model}:ro"]
-    return [*out, launch.image, model, "--port", str(launch.port), *launch.args]
+    return out, model
 
 
 def run(launch: Launch, *, dry_run: bool) -> list[str]:

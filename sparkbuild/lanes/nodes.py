@@ -1,0 +1,285 @@
+"""``sparkbuild run IMAGE MODEL --node HOST``: one model served by this machine and other Sparks together.
+
+This machine is the head (node 0, the OpenAI API); each ``--node`` is another, reached with the user's own
+``ssh`` (its config, keys and user; never a password prompt: ``BatchMode``). The cluster is vLLM's own
+multi-node launch, the same arguments verify's ``multi_node`` check uses (``sparkbuild/verify/multinode.py``:
+tensor parallel, one rank a node). Before anything starts, every node is asked, and one clear message
+stops the run with nothing started anywhere:
+
+- the node answers over SSH;
+- it has the image, and the same build as the head (the image ID of the same reference);
+- it runs no other sparkbuild cluster node (a second ``run`` on the same nodes);
+- it has an IPv4 address on the interface the nodes share (``--interface``: the QSFP link), which every
+  node's ranks use (``VLLM_HOST_IP``, ``NCCL_SOCKET_IFNAME``, ``GLOO_SOCKET_IFNAME``).
+
+Then the head starts, then each node, all detached with the settings ``sparkbuild run`` gives one Spark
+(host IPC and network, the GPUs, the caches on volumes); the endpoint is printed and the head's log
+followed. Ctrl-C, or the head's end, removes every node's container.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import secrets
+import shlex
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from sparkbuild.errors import ConfigError, EngineError
+from sparkbuild.lanes import launch
+from sparkbuild.plan.matrix import CLUSTER_FLAGS
+from sparkbuild.util import cmd, log, signals
+from sparkbuild.verify import multinode
+
+# Every node's container carries it: a second run finds the first by it.
+LABEL = "io.sparkbuild.cluster"
+# vLLM's own default --master-port.
+MASTER_PORT = 29501
+
+
+@dataclass(frozen=True, kw_only=True)
+class Node:
+    """A machine of the cluster: this one (``host`` None) or one reached with ``ssh``."""
+
+    host: str | None
+    ssh_config: Path | None = None
+
+    @property
+    def name(self) -> str:
+        return self.host or "this machine"
+
+    def command(self, args: Sequence[str]) -> list[str]:
+        """``args`` run on this node: as they are here, else through ssh (each argument quoted for the
+        remote shell, which ssh hands them to as one line)."""
+        if self.host is None:
+            return list(args)
+        config = ["-F", str(self.ssh_config)] if self.ssh_config else []
+        return ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", *config, self.host, "--", shlex.join(args)]
+
+    def run(self, args: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
+        done = cmd.run(self.command(args), capture=True, check=False)
+        if done.returncode == 255 and self.host is not None:
+            raise EngineError(
+                f"cannot reach {self.host} over SSH ({done.stderr.strip()[-500:] or 'exit 255'}): check that "
+                f"`ssh {self.host} true` works here without a password (a key, the host in ~/.ssh/config)"
+            )
+        if check and done.returncode != 0:
+            raise EngineError(f"{shlex.join(args)} failed on {self.name} (exit {done.returncode}): {done.stderr.strip()[-1000:]}")
+        return done
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cluster:
+    """What ``run --node`` starts: the launch as for one Spark, the other nodes, the link they share."""
+
+    launch: launch.Launch
+    nodes: tuple[Node, ...]
+    interface: str
+    master_port: int = MASTER_PORT
+
+
+def image_id(node: Node, image: str) -> str:
+    done = node.run([launch.docker(), "image", "inspect", "--format", "{{.Id}}", image], check=False)
+    if done.returncode != 0:
+        raise EngineError(
+            f"{node.name} has no image {image}: pull it there first (docker pull {image}), the same build as on every node"
+        )
+    return done.stdout.strip()
+
+
+def running_nodes(node: Node) -> list[str]:
+    """The sparkbuild cluster nodes' containers already on ``node``."""
+    args = [launch.docker(), "ps", "--all", "--filter", f"label={LABEL}", "--format", "{{.Names}}"]
+    return node.run(args).stdout.split()
+
+
+def address(node: Node, interface: str) -> str:
+    """``node``'s IPv4 address on ``interface``."""
+    done = node.run(["ip", "-4", "-o", "addr", "show", "dev", interface], check=False)
+    for line in done.stdout.splitlines():
+        fields = line.split()
+        if "inet" in fields:
+            return str(ipaddress.ip_interface(fields[fields.index("inet") + 1]).ip)
+    raise ConfigError(
+        f"--interface {interface}: {node.name} has no IPv4 address on it ({done.stderr.strip() or 'no inet line'}): give "
+        "the interface of the link between the nodes (on a Spark pair, the QSFP port's; `ip -4 addr` lists them)"
+    )
+
+
+def preflight(cluster: Cluster) -> tuple[tuple[Node, ...], multinode.Layout]:
+    """Every node asked before any starts (this machine first): reachable, the same image build, no other
+    cluster node running, an address on the interface. Returns the nodes and where they meet."""
+    nodes = (Node(host=None), *cluster.nodes)
+    image = cluster.launch.image
+    ids = {node.name: image_id(node, image) for node in nodes}
+    head = ids[nodes[0].name]
+    for name, found in ids.items():
+        if found != head:
+            raise EngineError(
+                f"{name} has another build of {image} ({found}) than this machine ({head}): every node must run the "
+                f"same image; pull the same digest on every node (docker pull {image.split(':')[0]}@<digest>)"
+            )
+    for node in nodes:
+        if busy := running_nodes(node):
+            raise EngineError(
+                f"{node.name} already runs a sparkbuild cluster node ({', '.join(busy)}): stop that run first "
+                f"(Ctrl-C where it runs, or docker rm --force {' '.join(busy)} on {node.name})"
+            )
+    folder = Path(cluster.launch.model)
+    if folder.is_dir():
+        for node in nodes[1:]:
+            if node.run(["test", "-d", str(folder.resolve())], check=False).returncode != 0:
+                raise ConfigError(
+                    f"{cluster.launch.model} is a folder here and {node.name} has none at {folder.resolve()}: every node reads "
+                    "the weights itself; copy the folder there, to the same path (or serve a Hub id)"
+                )
+    addresses = tuple(address(node, cluster.interface) for node in nodes)
+    layout = multinode.Layout(
+        nodes=len(nodes),
+        master_addr=addresses[0],
+        master_port=cluster.master_port,
+        api_port=cluster.launch.port,
+        interface=cluster.interface,
+        addresses=addresses,
+    )
+    return nodes, layout
+
+
+def node_command(cluster: Cluster, layout: multinode.Layout, rank: int, name: str, gpus: bool) -> list[str]:
+    """The ``docker run`` of node ``rank``: sparkbuild run's options for one Spark, the node's addresses, its label."""
+    spec = replace(cluster.launch, name=name, detach=True)
+    options, model = launch.options_and_model(spec, gpus, multinode.node_environment(layout, rank))
+    options += ["--label", f"{LABEL}={name.rsplit('-', 1)[0]}"]
+    api = ["--port", str(layout.api_port)] if rank == 0 else []
+    return [*options, spec.image, model, *api, *spec.args, *multinode.node_args(layout, rank)]
+
+
+def start(cluster: Cluster, *, follow: bool = True) -> list[str]:
+    """Check every node, start them all, print the endpoint; with ``follow``, follow the head's log until
+    Ctrl-C or its end, then remove every node. Returns the containers' names."""
+    if cluster.launch.name:
+        raise ConfigError("--name: a cluster names its nodes' containers itself (sparkbuild-cluster-ID-RANK); leave it out")
+    for flag in (a.split("=", 1)[0] for a in cluster.launch.args):
+        if flag in CLUSTER_FLAGS:
+            raise ConfigError(f"{flag}: `sparkbuild run --node` sets it on each node (tensor parallel over them); leave it out")
+    nodes, layout = preflight(cluster)
+    gpus = cluster.launch.gpus if cluster.launch.gpus is not None else launch.has_cuda(cluster.launch.image)
+    run_id = f"sparkbuild-cluster-{secrets.token_hex(4)}"
+    started: list[tuple[Node, str]] = []
+    try:
+        for rank, node in enumerate(nodes):
+            name = f"{run_id}-{rank}"
+            held = signals.Held()  # Ctrl-C waits until the node is started and on the list to remove
+            with held:
+                node.run(node_command(cluster, layout, rank, name, gpus))
+                started.append((node, name))
+            held.deliver()
+        who = ", ".join(n.name for n in nodes)
+        log.info(f"serving on http://{layout.master_addr}:{layout.api_port}/v1 ({len(nodes)} nodes: {who})")
+        if follow:
+            follow_head(started[0][1])
+    except BaseException:
+        stop(started)
+        raise
+    if follow:
+        stop(started)
+    return [name for _, name in started]
+
+
+def follow_head(name: str) -> None:
+    """The head's log on the terminal until it ends or Ctrl-C."""
+    cmd.run([launch.docker(), "logs", "--follow", name], check=False)
+
+
+def stop(started: Sequence[tuple[Node, str]]) -> None:
+    """Every started node's container removed, the last first; each failure said, none hiding the others."""
+    for node, name in reversed(started):
+        try:
+            node.run([launch.docker(), "rm", "--force", name])
+        except EngineError as exc:
+            log.error(f"{exc}; remove it by hand: docker rm --force {name} on {node.name}")
+
+
+# --- sparkbuild doctor --node ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finding:
+    """One thing a node has or lacks for a multi-node run: ``ok`` True (has it), False (a run would fail
+    on it), None (a run starts, and may break later: a warning)."""
+
+    ok: bool | None
+    what: str
+    text: str
+
+    def line(self) -> str:
+        mark = {True: "ok", False: "MISSING", None: "WARNING"}[self.ok]
+        return f"  {self.what}: {self.text} [{mark}]"
+
+
+def remove_ipc(found: subprocess.CompletedProcess[str]) -> Finding:
+    """systemd-logind's ``RemoveIPC`` from its merged configuration (``systemd-analyze cat-config``): when it
+    is yes, its default, logind removes a user's shared memory and semaphores as the user's last session
+    ends, so a multi-node run started from an SSH session that then closes loses NCCL's shared memory."""
+    if found.returncode != 0:
+        return Finding(
+            ok=True, what="RemoveIPC", text="no systemd-logind configuration (systemd-analyze absent): nothing removes IPC"
+        )
+    value = "yes (its default)"
+    for raw in found.stdout.splitlines():
+        line = raw.strip()
+        if line.startswith("RemoveIPC="):
+            value = line.split("=", 1)[1].strip()
+    if value.lower() in ("no", "false", "0", "off"):
+        return Finding(ok=True, what="RemoveIPC", text="no: logind leaves shared memory alone")
+    return Finding(
+        ok=None,
+        what="RemoveIPC",
+        text=f"{value}: systemd-logind removes a user's shared memory when their last session ends, which kills a "
+        "multi-node run's NCCL shared memory; set RemoveIPC=no in /etc/systemd/logind.conf and restart systemd-logind",
+    )
+
+
+def link(node: Node, interface: str) -> Finding:
+    """The interface's address and whether its link is up."""
+    try:
+        where = address(node, interface)
+    except ConfigError as exc:
+        return Finding(ok=False, what=f"interface {interface}", text=str(exc))
+    state = node.run(["ip", "-o", "link", "show", "dev", interface]).stdout
+    up = "LOWER_UP" in state or "state UP" in state
+    text = f"{where}, link {'up' if up else 'DOWN'}"
+    return Finding(ok=up, what=f"interface {interface}", text=text)
+
+
+def examine(node: Node, *, interface: str | None, image: str | None, head_id: str | None = None) -> tuple[Finding, ...]:
+    """What ``node`` has and lacks for ``sparkbuild run --node``: SSH, the engine, the image (the head's
+    build), an address on the interface with its link up, and systemd-logind's RemoveIPC."""
+    try:
+        node.run(["true"])
+    except EngineError as exc:
+        return (Finding(ok=False, what="ssh", text=str(exc)),)
+    found = [Finding(ok=True, what="ssh", text="answers") if node.host else Finding(ok=True, what="host", text="this machine")]
+    engine = node.run([launch.docker(), "version", "--format", "{{.Server.Version}}"], check=False)
+    if engine.returncode != 0:
+        found.append(Finding(ok=False, what="docker", text=f"no engine answers: {engine.stderr.strip()[-300:]}"))
+    else:
+        found.append(Finding(ok=True, what="docker", text=f"engine {engine.stdout.strip()}"))
+        if image:
+            found.append(_image(node, image, head_id))
+    if interface:
+        found.append(link(node, interface))
+    found.append(remove_ipc(node.run(["systemd-analyze", "cat-config", "systemd/logind.conf"], check=False)))
+    return tuple(found)
+
+
+def _image(node: Node, image: str, head_id: str | None) -> Finding:
+    try:
+        found = image_id(node, image)
+    except EngineError as exc:
+        return Finding(ok=False, what="image", text=str(exc))
+    if head_id is not None and found != head_id:
+        return Finding(ok=False, what="image", text=f"{image} is {found} here, {head_id} on this machine: another build")
+    return Finding(ok=True, what="image", text=f"{image} ({found})")
