@@ -250,8 +250,15 @@ NCCL_HANGS = ((2, 28, 9), (2, 30, 4))
 
 
 def nccl_version():
-    """The NCCL torch loads (ncclGetVersion through torch: no GPU needed), outside the range that hangs."""
-    found = tuple(torch.cuda.nccl.version())
+    """The NCCL torch loads, by its own ncclGetVersion (no GPU needed), outside the range that hangs. Not
+    torch.cuda.nccl.version(): that is the NCCL torch was compiled against (2.30.7 in torch 2.14.0's wheel
+    whatever libnccl.so.2 is installed; measured), and a wheel installed over it is what this check is for."""
+    # torch loaded libnccl.so.2 by its path; asked by its soname, the loader gives that same library.
+    library = ctypes.CDLL("libnccl.so.2")
+    code = ctypes.c_int()
+    if library.ncclGetVersion(ctypes.byref(code)) != 0:
+        raise RuntimeError("ncclGetVersion failed in the NCCL torch loads")
+    found = (code.value // 10000, code.value % 10000 // 100, code.value % 100)  # NCCL_VERSION_CODE since 2.9
     text = ".".join(map(str, found))
     first, fixed = NCCL_HANGS
     if first <= found < fixed:

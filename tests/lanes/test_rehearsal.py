@@ -642,18 +642,20 @@ def test_an_nccl_that_deadlocks_across_nodes_fails_the_image_check_naming_it(
     from_wheel: dict[str, Any], engine: Engine, tmp_path: Path
 ) -> None:
     """vLLM #52504: NCCL from 2.28.9 until 2.30.4 deadlocks CUDA graphs captured across nodes, so two Sparks
-    serving with graphs hang. An image derived from the rehearsed one with NVIDIA's own nvidia-nccl-cu13 2.28.9
-    wheel installed over torch's 2.30.7 (from PyPI, its sha256 the index's): torch loads it, and the image check's
-    multi-node part fails naming the version and the issue; the rehearsed image passes it (its build ran it)."""
+    serving with graphs hang. An image derived from the rehearsed one with NVIDIA's own nvidia-nccl-cu13 2.30.3
+    wheel, the release before the fix, installed over torch's 2.30.7 (from PyPI, its sha256 the index's): torch
+    loads it, and the image check's multi-node part fails naming the version and the issue; the rehearsed image
+    passes it (its build ran it). Not 2.28.9 itself: torch 2.14.0 does not import with it (its libtorch_cuda
+    needs ncclCommResume, which 2.28.9 lacks; measured), so that image already fails at `import torch`."""
     machine = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}[from_wheel["platform"]["name"]]
-    filename = f"nvidia_nccl_cu13-2.28.9-py3-none-manylinux_2_18_{machine}.whl"
+    filename = f"nvidia_nccl_cu13-2.30.3-py3-none-manylinux_2_18_{machine}.whl"
     wheel = sources.fetch(
         sources.index_links("nvidia-nccl-cu13", suffix=".whl")[filename], Options.from_env().cache / "downloads"
     )
     context = tmp_path / "nccl"
     context.mkdir()
     shutil.copy(wheel, context / filename)
-    tag = "sparkbuild-test/nccl-2.28.9:vllm-0.33.0"
+    tag = "sparkbuild-test/nccl-2.30.3:vllm-0.33.0"
     steps = f"COPY {filename} /tmp/\nRUN /opt/venv/bin/pip install --no-deps --no-index /tmp/{filename} && rm /tmp/{filename}"
     images.derived_image(engine, from_wheel["image"], tag, steps, context)
     sha256 = from_wheel["vllm_from"]["wheel"]["sha256"]
@@ -670,7 +672,7 @@ def test_an_nccl_that_deadlocks_across_nodes_fails_the_image_check_naming_it(
     assert multi_node(from_wheel["image"]).returncode == 0
     broken = multi_node(tag)
     assert broken.returncode != 0
-    assert "multi_node: RuntimeError: torch loads NCCL 2.28.9, which deadlocks CUDA graphs across nodes (vLLM #52504" in (
+    assert "multi_node: RuntimeError: torch loads NCCL 2.30.3, which deadlocks CUDA graphs across nodes (vLLM #52504" in (
         broken.stderr
     ), broken.stderr[-2000:]
 
