@@ -59,7 +59,10 @@ class Node:
         return ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", *config, self.host, "--", shlex.join(args)]
 
     def run(self, args: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
-        done = cmd.run(self.command(args), capture=True, check=False)
+        try:
+            done = cmd.run(self.command(args), capture=True, check=False)
+        except FileNotFoundError:  # not installed here: as a shell over ssh says it (exit 127)
+            done = subprocess.CompletedProcess(list(args), 127, "", f"{self.command(args)[0]}: command not found")
         if done.returncode == 255 and self.host is not None:
             raise EngineError(
                 f"cannot reach {self.host} over SSH ({done.stderr.strip()[-500:] or 'exit 255'}): check that "
@@ -119,7 +122,8 @@ def preflight(cluster: Cluster) -> tuple[tuple[Node, ...], multinode.Layout]:
         if found != head:
             raise EngineError(
                 f"{name} has another build of {image} ({found}) than this machine ({head}): every node must run the "
-                f"same image; pull the same digest on every node (docker pull {image.split(':')[0]}@<digest>)"
+                "same image; pull this machine's build on every node by its digest (docker image inspect --format "
+                f"'{{{{index .RepoDigests 0}}}}' {image} names it)"
             )
     for node in nodes:
         if busy := running_nodes(node):
@@ -184,13 +188,22 @@ def start(cluster: Cluster, *, follow: bool = True) -> list[str]:
         stop(started)
         raise
     if follow:
+        code = head_exit(started[0][1])
         stop(started)
+        if code != 0:
+            raise EngineError(f"the head ({started[0][1]}) stopped with exit code {code} (its log is above); every node removed")
     return [name for _, name in started]
 
 
 def follow_head(name: str) -> None:
     """The head's log on the terminal until it ends or Ctrl-C."""
     cmd.run([launch.docker(), "logs", "--follow", name], check=False)
+
+
+def head_exit(name: str) -> int:
+    """How the head ended, once its log has: its exit code (Docker's record)."""
+    done = cmd.run([launch.docker(), "wait", name], capture=True, check=False)
+    return int(done.stdout.strip() or 1) if done.returncode == 0 else 1
 
 
 def stop(started: Sequence[tuple[Node, str]]) -> None:

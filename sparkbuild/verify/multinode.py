@@ -34,7 +34,7 @@ from typing import Any
 
 import requests
 
-from sparkbuild.errors import VerifyError
+from sparkbuild.errors import EngineError, VerifyError
 from sparkbuild.oci import jitcache
 from sparkbuild.oci.engine import Container, Engine, ServerState
 from sparkbuild.plan.matrix import Check
@@ -174,7 +174,10 @@ class Watch:
                     self._down = first_down(stopped)
                     log.error(f"multi_node: {self._down.text()}: stopping the other nodes")
                     for node in self._nodes:
-                        node.kill()
+                        try:
+                            node.kill()
+                        except EngineError as exc:  # the watch goes on: the node named is the finding
+                            log.error(str(exc))
             return self._down
 
 

@@ -50,3 +50,10 @@ def test_a_command_reaches_a_node_as_its_arguments_quoted_for_the_remote_shell(t
     assert sent[:2] == ["ssh", "-o"] and sent[sent.index("-F") + 1] == str(tmp_path / "config")
     assert sent[-2:] == ["--", shlex.join(args)] and shlex.split(sent[-1]) == args
     assert nodes.Node(host=None).command(args) == args  # this machine: as they are
+
+
+def test_a_program_this_machine_lacks_answers_as_a_shell_over_ssh_would() -> None:
+    """`ip` or `systemd-analyze` missing here: exit 127 as on a node over ssh, so doctor says what lacks it."""
+    done = nodes.Node(host=None).run(["sparkbuild-no-such-program", "--version"], check=False)
+    assert done.returncode == 127 and "command not found" in done.stderr
+    assert nodes.remove_ipc(done).ok is True

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -99,6 +100,17 @@ def test_run_serves_across_this_machine_and_a_node_and_ctrl_c_removes_both(
     assert cluster_containers(engine) == [], out[-3000:]
     assert f"serving on http://127.0.0.1:{port}/v1 (2 nodes: this machine, node-b)" in out
     assert "ssh -o BatchMode=yes" in out  # each command printed before it runs
+
+
+def test_a_head_that_stops_ends_the_run_with_its_exit_code_and_removes_every_node(
+    engine: Engine, local_image: str, moe: Path, node: sshnode.SshNode, own: list[str]
+) -> None:
+    """vLLM refuses the arguments on every node (a context length that is no number): the head's log ends, and
+    run fails with the head's exit code instead of ending as if it had served, leaving no node behind."""
+    args = run(local_image, moe, node, own, "--interface", "lo", "--port", str(free_port()), "--master-port", str(free_port()))
+    error = failing([*args, "--", "--max-model-len", "lots"])
+    assert re.search(r"the head \(sparkbuild-cluster-\w+-0\) stopped with exit code [1-9]", error), error[-3000:]
+    assert cluster_containers(engine) == []
 
 
 def model_name(url: str) -> object:
