@@ -29,7 +29,7 @@ from pathlib import Path
 
 from sparkbuild.errors import ConfigError, EngineError
 from sparkbuild.lanes import launch
-from sparkbuild.plan.matrix import CLUSTER_FLAGS
+from sparkbuild.plan.matrix import cluster_flags
 from sparkbuild.util import cmd, log, signals
 from sparkbuild.verify import multinode
 
@@ -165,9 +165,8 @@ def start(cluster: Cluster, *, follow: bool = True) -> list[str]:
     Ctrl-C or its end, then remove every node. Returns the containers' names."""
     if cluster.launch.name:
         raise ConfigError("--name: a cluster names its nodes' containers itself (sparkbuild-cluster-ID-RANK); leave it out")
-    for flag in (a.split("=", 1)[0] for a in cluster.launch.args):
-        if flag in CLUSTER_FLAGS:
-            raise ConfigError(f"{flag}: `sparkbuild run --node` sets it on each node (tensor parallel over them); leave it out")
+    if own := cluster_flags(cluster.launch.args):
+        raise ConfigError(f"{own[0]}: `sparkbuild run --node` sets it on each node (tensor parallel over them); leave it out")
     nodes, layout = preflight(cluster)
     gpus = cluster.launch.gpus if cluster.launch.gpus is not None else launch.has_cuda(cluster.launch.image)
     run_id = f"sparkbuild-cluster-{secrets.token_hex(4)}"

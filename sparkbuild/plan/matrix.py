@@ -12,7 +12,7 @@ import json
 import math
 import re
 import string
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -1262,6 +1262,11 @@ def _kind(doc: Located, path: DocPath, kind: str, settings: dict[str, Any], chec
     return LongGeneration(**settings)
 
 
+def cluster_flags(args: Sequence[str]) -> list[str]:
+    """The flags of ``args`` (``--flag`` or ``--flag=value``) that a cluster's launch sets on each node itself."""
+    return [flag for arg in args if (flag := arg.split("=", 1)[0]) in CLUSTER_FLAGS]
+
+
 def _multi_node(doc: Located, path: DocPath, settings: dict[str, Any], check: Check) -> MultiNode:
     if settings["nodes"] < 2:
         raise doc.fail((*path, "nodes"), f"a cluster is 2 nodes or more, got {settings['nodes']}: one node is the check itself")
@@ -1271,7 +1276,7 @@ def _multi_node(doc: Located, path: DocPath, settings: dict[str, Any], check: Ch
             "give a check served across nodes bench: false: its speed is measured where the same model runs on one node "
             "(a check of its own); a cluster's figures judged against that baseline would mean nothing",
         )
-    own = [a.split("=", 1)[0] for a in check.serve_args if a.split("=", 1)[0] in CLUSTER_FLAGS]
+    own = cluster_flags(check.serve_args)
     if own:
         raise doc.fail(
             path,

@@ -28,11 +28,9 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import requests
 
 from sparkbuild.errors import EngineError, VerifyError
 from sparkbuild.oci import jitcache
@@ -193,9 +191,13 @@ class Cluster:
     nodes: tuple[Container, ...]
     watch: Watch
     layout: Layout
-    # The image every node runs, by its ID; how long the head took to serve.
+    # The image every node runs, by its ID.
     image_id: str
-    startup_s: float = 0.0
+
+    def stopped(self) -> str | None:
+        """Why the cluster cannot serve while it starts: a node that stopped (None while every node runs)."""
+        down = self.watch.down
+        return None if down is None else f"a node stopped before the cluster served: {down.text()}"
 
     def describe(self, logs: Path) -> dict[str, Any]:
         """The cluster in the check's result."""
@@ -223,8 +225,9 @@ def cluster(
     layout: Layout,
     gpus: bool = False,
 ) -> Iterator[Cluster]:
-    """Every node started, the head healthy, the watch on; on the way out every node's log is kept in
-    ``folder`` (``node-RANK.log``) and every node removed."""
+    """Every node started, the watch on (the caller waits for the head: verify.wait_healthy, asking the
+    cluster's ``stopped``); on the way out every node's log is kept in ``folder`` (``node-RANK.log``) and
+    every node removed."""
     identity = same_build(engine, images)
     port_free(layout.master_addr, layout.master_port, "where the head meets its nodes (vLLM's --master-port)")
     port_free(LOOPBACK, layout.api_port, "the head's OpenAI API")
@@ -252,31 +255,13 @@ def cluster(
             stack.callback(_keep_log, node, logs_of(folder, len(images))[rank])
             nodes.append(node)
         watch = stack.enter_context(Watch(nodes))
-        found = Cluster(
+        yield Cluster(
             url=f"http://{LOOPBACK}:{layout.api_port}", nodes=tuple(nodes), watch=watch, layout=layout, image_id=identity
         )
-        with log.step(f"Waiting for the {layout.nodes}-node cluster of {images[0]} to serve on {found.url}"):
-            startup = wait_healthy(found, check.startup_timeout)
-        yield replace(found, startup_s=startup)
 
 
 def _keep_log(node: Container, path: Path) -> None:
     path.write_text(node.logs(tail=None))
-
-
-def wait_healthy(found: Cluster, timeout: int) -> float:
-    """Poll the head's /health until it answers; fail at once, naming the node, if one stops."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if found.watch.down is not None:
-            raise VerifyError(f"a node stopped before the cluster served: {found.watch.down.text()}")
-        try:
-            if requests.get(f"{found.url}/health", timeout=2).status_code == 200:
-                return time.monotonic() - start
-        except requests.RequestException:
-            pass  # not listening yet
-        time.sleep(1)
-    raise VerifyError(f"the cluster was not healthy after {timeout}s (the head's last log lines):\n{found.nodes[0].logs(40)}")
 
 
 def logs_of(folder: Path, nodes: int) -> Mapping[int, Path]:

@@ -234,6 +234,8 @@ def serve_cluster(
         engine, check, model, folder / MULTI_NODE_DIR, images=nodes, model_name=MODEL_NAME, layout=layout, gpus=gpus
     ) as found:
         head = found.nodes[0]
+        with log.step(f"Waiting for the {layout.nodes}-node cluster of {image} to serve on {found.url}"):
+            startup = wait_healthy(head, found.url, check.startup_timeout, down=found.stopped)
         server = Server(
             url=found.url,
             model=MODEL_NAME,
@@ -244,7 +246,7 @@ def serve_cluster(
             cluster=found.describe(folder / MULTI_NODE_DIR),
         )
         try:
-            result = run_check(server, check, image=image, model=str(model), startup=found.startup_s, result_file=result_file)
+            result = run_check(server, check, image=image, model=str(model), startup=startup, result_file=result_file)
         except VerifyError as exc:
             down = found.watch.settle()
             cause = (
@@ -666,11 +668,14 @@ ENGINE_DEAD = (
 )
 
 
-def wait_healthy(container: Container, url: str, timeout: int) -> float:
+def wait_healthy(container: Container, url: str, timeout: int, *, down: Callable[[], str | None] | None = None) -> float:
     """Poll /health until it answers; fail at once, with the last log lines, if the server dies or
-    its engine fails to start."""
+    its engine fails to start. ``down``: what else ended the wait, if anything (a cluster's node that
+    stopped: the head's own death may follow it, so it is asked first)."""
     start = time.monotonic()
     while time.monotonic() - start < timeout:
+        if down is not None and (why := down()) is not None:
+            raise VerifyError(why)
         if not container.running():
             raise VerifyError(
                 f"the server exited (code {container.exit_code()}) before it was healthy; "
