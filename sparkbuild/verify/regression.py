@@ -10,9 +10,9 @@ on the machine that recorded the baseline to be called ``ok``: it is said so (``
 never passed on a tolerance widened to fit (docs/speed-gate.md has this 2-core machine's figures).
 Where the benchmark client had no CPU of its own (``Level.contended``, ``benchmark.contention``), the
 figures that count its own turns (``benchmark.client_timed``: every figure but c=1's per-request
-ones) are not judged, in either image (``too noisy``, with that reason), and the others'
-tolerance is ``CONTENDED_FLOOR``: fresh servers of one image differ there by more than one server's
-repeats show.
+ones) are not judged, in either image (``too noisy``, with that reason), and the others are judged
+within ``CONTENDED_FACTOR`` either way: fresh servers of one image differ there by more than one
+server's repeats show, and by more on some hours than on others.
 
 The verdict weighs each scenario's headline figures (what a user feels): decode tok/s per request
 and in aggregate, prefill TTFT p50, queueing TTFT p99. Every other figure is compared and shown
@@ -62,15 +62,17 @@ NOISE_FACTORS = {3: 4.6, 4: 1.95, 5: 1.34, 6: 0.97, 7: 0.83, 8: 0.68, 9: 0.62, 1
 MIN_REPEATS = min(NOISE_FACTORS)
 # A figure that needs a wider tolerance than this is measured too roughly to be called ok.
 MAX_TOLERANCE = 0.30
-# The floor where the benchmark client shares the server's CPUs (``benchmark.contention``). Measured on
-# 2 CPUs with nothing else running (docs/speed-gate.md): the c=1 per-request decode rate of 19 fresh
-# servers of one image had medians of 678-805 tok/s (a standard deviation of 4.7 % from server to
-# server), while one server's 7 repeats spread by as little as 3 %, so a tolerance from the
-# baseline's repeats and the 10 % floor read the same image `improved` or `regressed`. Two servers
-# differ by a standard deviation of 4.7 % x sqrt(2) = 6.7 %: 25 % is 3.7 of them (about one
-# same-speed figure in 5,000 beyond it, where the noise is normal) and above the largest difference
-# seen (19 %).
-CONTENDED_FLOOR = 0.25
+# Where the benchmark client shares the server's CPUs (``benchmark.contention``), a c=1 per-request
+# figure is judged within this factor either way: half the rate or less regresses, twice or more
+# improves. Measured on CI's kind of host (2 CPUs, AMD EPYC, docs/speed-gate.md "2026-12-07"): the c=1
+# per-request decode rate of fresh servers of one image, each a median of 7 repeats, differed by up to
+# x1.61 between two servers measured a minute apart in the suite (246 and 397 tok/s; x1.37 and x1.48 in
+# two other runs), while on a quiet hour 19 servers had a standard deviation of 4.7 % (2026-11-29) and 6
+# servers alone this session x1.22 (349-427). The host's noise comes in episodes nothing here controls,
+# so the factor sits above the largest seen (ln 2 / ln 1.61 = 1.46 times it, in the log), and a slowdown
+# under it is what such a host cannot show (the Spark runner, whose client has CPUs of its own, judges
+# at the check's 10 %). The slowed images regress by x9 to x16.
+CONTENDED_FACTOR = 2.0
 CONTENDED_REPEATS = 7  # the repeats behind each median that floor was measured on
 
 
@@ -97,16 +99,33 @@ class Change:
     headline: bool
     # Why a change within the tolerance is not ``ok`` (the tolerance is too wide, or unknown).
     why_not: str = ""
+    # A factor either way instead of ``threshold`` (where the client shared the server's CPUs:
+    # ``CONTENDED_FACTOR``); ``threshold`` is then the fraction it allows the worse way.
+    factor: float | None = None
 
     @property
     def verdict(self) -> Verdict:
         if self.threshold is None:
             return "too noisy"
+        if self.factor is not None:
+            return self._by_factor(self.factor)
         if self.change < -self.threshold:
             return "regressed"
         if self.change > self.threshold:
             return "improved"
         return "too noisy" if self.why_not else "ok"
+
+    def _by_factor(self, factor: float) -> Verdict:
+        better = self.value / self.baseline if self.figure in HIGHER_IS_BETTER else self.baseline / self.value
+        if better * factor < 1:
+            return "regressed"
+        return "improved" if better > factor else "ok"
+
+    def tolerance(self) -> str:
+        """The tolerance as a person reads it: ``10%``, or ``x2 either way``."""
+        if self.factor is not None:
+            return f"x{self.factor:g} either way"
+        return f"{(self.threshold or 0) * 100:.0f}%"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -117,6 +136,7 @@ class Change:
             "baseline": self.baseline,
             "change_pct": round(self.change * 100, 1),
             "threshold_pct": None if self.threshold is None else round(self.threshold * 100, 1),
+            **({"threshold_factor": self.factor} if self.factor is not None else {}),
             "headline": self.headline,
             "verdict": self.verdict,
             "why_not": self.why_not or None,
@@ -163,7 +183,7 @@ class Gate:
         """One line naming each headline figure that regressed, beside its baseline."""
         return "; ".join(
             f"{c.scenario} c={c.concurrency} {c.figure} {c.value:.1f} vs baseline {c.baseline:.1f} "
-            f"({c.change * 100:+.1f}%, tolerance {(c.threshold or 0) * 100:.0f}%)"
+            f"({c.change * 100:+.1f}%, tolerance {c.tolerance()})"
             for c in self.regressions()
         )
 
@@ -191,17 +211,22 @@ def relative(figure: str, value: float, baseline: float) -> float:
     return delta if figure in HIGHER_IS_BETTER else -delta
 
 
+def contended(base: Level, now: Level | None = None) -> str:
+    """Why the benchmark client shared the server's CPUs where ``now`` or ``base`` was measured ("" where neither)."""
+    return (now.contended if now else "") or base.contended
+
+
 def threshold(figure: str, base: Level, floor: float, now: Level | None = None) -> tuple[float | None, str]:
     """The tolerance of ``figure`` against the baseline level ``base``: the floor or the
     baseline's noise, whichever is larger (None where the baseline's repeats cannot show its
     noise, or where the host that measured ``base`` or ``now`` could not time this figure); and,
     where a change within it cannot be called ok, why. Where either was measured with the client on
-    the server's CPUs, the tolerance is ``CONTENDED_FLOOR`` (``contended_threshold``)."""
-    contended = (now.contended if now else "") or base.contended
-    if contended and client_timed(figure, base.concurrency):
+    the server's CPUs, the fraction ``CONTENDED_FACTOR`` allows the worse way (``contended_threshold``)."""
+    why_shared = contended(base, now)
+    if why_shared and client_timed(figure, base.concurrency):
         where = "this image" if now and now.contended else "the baseline"
-        return None, f"not measurable where {where} was measured: {contended}"
-    if contended:
+        return None, f"not measurable where {where} was measured: {why_shared}"
+    if why_shared:
         return contended_threshold(base)
     factor = noise_factor(base.repeats)
     if factor is None:
@@ -218,15 +243,16 @@ def threshold(figure: str, base: Level, floor: float, now: Level | None = None) 
 
 
 def contended_threshold(base: Level) -> tuple[float | None, str]:
-    """The tolerance where the client shared the server's CPUs: ``CONTENDED_FLOOR``, the measured
-    spread from server to server of the very figure compared (a median of 7 repeats), which holds
-    what one server's repeats add. The baseline's own range is not used there: one repeat the
-    client's turns delayed moves it (seen: 38 % over 7 repeats, the median unmoved). A median of
-    fewer repeats is noisier than the floor was measured for: not judged."""
+    """The tolerance where the client shared the server's CPUs: ``CONTENDED_FACTOR`` either way (as
+    a fraction the worse way), above the measured spread from server to server of the very figure
+    compared (a median of 7 repeats), which holds what one server's repeats add. The baseline's own
+    range is not used there: one repeat the client's turns delayed moves it (seen: 38 % over 7
+    repeats, the median unmoved). A median of fewer repeats is noisier than the factor was measured
+    for: not judged."""
     if base.repeats < CONTENDED_REPEATS:
         why = f"the baseline has {base.repeats} repeats; where the client shares the server's CPUs, the "
-        return None, why + f"floor is for medians of {CONTENDED_REPEATS}"
-    return CONTENDED_FLOOR, ""
+        return None, why + f"tolerance is for medians of {CONTENDED_REPEATS}"
+    return 1 - 1 / CONTENDED_FACTOR, ""
 
 
 def comparable(level: Level, base: Level | None) -> bool:
@@ -267,6 +293,7 @@ def compare(
                 continue  # not measured in one of them (tokens in bursts): nothing to compare
             value, was = float(now), float(then)
             tolerance, why_not = threshold(figure, base, floor, level)
+            either_way = tolerance is not None and bool(contended(base, level))
             changes.append(
                 Change(
                     scenario=level.scenario,
@@ -278,6 +305,7 @@ def compare(
                     threshold=tolerance,
                     headline=figure in HEADLINE[level.scenario],
                     why_not=why_not,
+                    factor=CONTENDED_FACTOR if either_way else None,
                 )
             )
     return Gate(changes=tuple(changes), baseline_of=baseline_of, baseline_target=baseline_target)

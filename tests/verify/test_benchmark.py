@@ -480,7 +480,7 @@ def test_a_figure_not_timed_on_either_side_is_never_judged_and_never_becomes_the
     # A level timed now where the old bar's host could not: the new bar. Not timed now: the old bars
     # stand for the figures that were not timed, while the stream's rate that improved moves up.
     assert regression.next_baseline(now, timed_by(base, "shared"), gate).level("prefill", 1) == now.level("prefill", 1)
-    better = timed_by(faster(now, 2.0), "shared")
+    better = timed_by(faster(now, 2.5), "shared")
     kept = regression.next_baseline(better, base, regression.compare(better, base, threshold_pct=10, baseline_of="x"))
     for scenario, level in (("prefill", 1), ("queueing", 2), ("decode", 1)):
         old, new = base.level(scenario, level), kept.level(scenario, level)  # type: ignore[arg-type]
@@ -499,20 +499,29 @@ def test_a_contended_level_round_trips_through_json() -> None:
     assert "contended" not in seven_servers()[0].to_json()["levels"][0]
 
 
-def test_where_the_client_shares_the_servers_cpus_the_rate_of_a_stream_has_the_contended_floor() -> None:
-    """The stated floor there (servers of one image differ by up to 19 % on 2 CPUs), shown on the
-    figure's tolerance; elsewhere the check's own floor. A slowdown beyond it still regresses."""
+def test_where_the_client_shares_the_servers_cpus_the_rate_of_a_stream_is_judged_within_a_factor_either_way() -> None:
+    """The stated factor there (fresh servers of one image differ by up to x1.61 on CI's 2 CPUs), shown
+    on the figure's tolerance; elsewhere the check's own floor. The rates of the three CI runs whose
+    ring read the same image improved at 25 % read ok; a slowdown beyond the factor still regresses,
+    a speed-up beyond it improves."""
     base = seven_servers()[0]
     level = base.levels[0]
     assert regression.threshold("tokens_per_s_per_request", level, 0.10)[0] == pytest.approx(max(0.10, 0.83 * 0.0797), abs=0.05)
     contended = dataclasses.replace(level, contended="shared")
-    assert regression.threshold("tokens_per_s_per_request", contended, 0.10) == (regression.CONTENDED_FLOOR, "")
-    assert regression.threshold("tokens_per_s_per_request", level, 0.10, contended)[0] == regression.CONTENDED_FLOOR
-    slower = regression.compare(
-        timed_by(faster(base, 0.7), "shared"), timed_by(base, "shared"), threshold_pct=10, baseline_of="x"
-    )
-    assert slower.verdict == "regressed" and "tolerance 25%" in slower.reason()
-    within = regression.compare(
-        timed_by(faster(base, 0.8), "shared"), timed_by(base, "shared"), threshold_pct=10, baseline_of="x"
-    )
-    assert within.verdict == "ok"
+    assert regression.threshold("tokens_per_s_per_request", contended, 0.10) == (0.5, "")
+    assert regression.threshold("tokens_per_s_per_request", level, 0.10, contended)[0] == 0.5
+
+    def judged(factor: float) -> regression.Gate:
+        return regression.compare(
+            timed_by(faster(base, factor), "shared"), timed_by(base, "shared"), threshold_pct=10, baseline_of="x"
+        )
+
+    slower = judged(0.45)
+    assert slower.verdict == "regressed" and "tolerance x2 either way" in slower.reason()
+    assert {c["threshold_factor"] for c in slower.to_json()["changes"] if c["threshold_pct"] is not None} == {2.0}
+    for seen in (397 / 246, 408.3 / 275.5, 454 / 331):  # CI's rings, 2026-12-07: same image, both ways
+        assert judged(seen).verdict == "ok" and judged(1 / seen).verdict == "ok", seen
+    assert judged(2.2).verdict == "improved"
+    # TPOT, a time, the same factor either way (a time twice as long is the rate halved).
+    tpot = [c for c in slower.changes if c.figure == "tpot_ms_p50" and c.concurrency == 1 and c.threshold is not None]
+    assert tpot and all(c.verdict == "regressed" for c in tpot)
