@@ -61,6 +61,21 @@ def waiting(func: F) -> F:
     )(func)
 
 
+def node_options(node_help: str) -> Callable[[F], F]:
+    """``--node HOST`` (repeated), ``--interface`` and ``--ssh-config``: the other machines of a cluster."""
+
+    def add(func: F) -> F:
+        # Applied last first, so that --help lists them in this order: --node, --interface, --ssh-config.
+        path = click.Path(exists=True, dir_okay=False, path_type=Path)
+        ssh = "With --node: the ssh config naming the hosts (default: ssh's own)."
+        link = "With --node: the interface of the link the nodes share (a Spark pair's QSFP port)."
+        func = click.option("--ssh-config", type=path, help=ssh)(func)
+        func = click.option("--interface", help=link)(func)
+        return click.option("--node", "nodes", multiple=True, metavar="HOST", help=node_help)(func)
+
+    return add
+
+
 def make_options(**kwargs: Any) -> Options:
     only = kwargs.pop("only", ())
     wait = not kwargs.pop("no_wait", False)
@@ -128,10 +143,8 @@ def cli() -> None:
 @click.option("--lock", type=click.Path(path_type=Path), help="Lock file (default: <matrix>.lock.json).")
 @click.option("--registry", help="host:port of the registry the lanes would use (default: SPARKBUILD_REGISTRY).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@click.option("--node", "nodes", multiple=True, metavar="HOST", help="What HOST (reached with ssh) lacks for `run --node`.")
-@click.option("--interface", help="With --node: the interface the nodes share, checked on this machine and each HOST.")
+@node_options("What HOST (reached with ssh) lacks for `run --node`; the interface checked on this machine and each HOST.")
 @click.option("--image", help="With --node: the image every node must hold, the same build as this machine's.")
-@click.option("--ssh-config", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="With --node: ssh's config.")
 def doctor_cmd(
     matrix: Path | None,
     lock: Path | None,
@@ -167,13 +180,14 @@ def doctor_nodes(
 ) -> None:
     """`doctor --node`: each node's findings; exit 4 where one lacks what a run needs (warnings do not fail)."""
     from sparkbuild.lanes import nodes
+    from sparkbuild.oci.remote import Node
 
-    head = nodes.Node(host=None)
+    head = Node(host=None)
     head_id = None
     if image:
         with contextlib.suppress(EngineError):  # this machine's own finding says it lacks the image
             head_id = nodes.image_id(head, image)
-    every = (head, *(nodes.Node(host=h, ssh_config=ssh_config) for h in hosts))
+    every = (head, *(Node(host=h, ssh_config=ssh_config) for h in hosts))
     found = {n.name: nodes.examine(n, interface=interface, image=image, head_id=head_id) for n in every}
     if as_json:
         emit_json({name: [dataclasses.asdict(f) for f in findings] for name, findings in found.items()})
@@ -533,21 +547,11 @@ def model_cmd(name: str) -> None:
 @click.option("--gpus/--no-gpus", default=None, help="Give it every GPU (default: unless the image has no CUDA).")
 @click.option("--print", "print_only", is_flag=True, help="Print the docker run command; start nothing.")
 @click.option("--json", "as_json", is_flag=True, help="With --print or --detach: the command as a JSON list.")
-@click.option(
-    "--node",
-    "nodes",
-    multiple=True,
-    metavar="HOST",
-    help="Serve across this machine and HOST (repeat for more), reached with ssh: vLLM's multi-node launch, tensor parallel.",
+@node_options(
+    "Serve across this machine and HOST (repeat for more), reached with ssh: vLLM's multi-node launch, tensor parallel."
 )
-@click.option("--interface", help="With --node: the network interface the nodes share (a Spark pair's QSFP port).")
 @click.option(
     "--master-port", type=int, default=29501, show_default=True, help="With --node: where the nodes meet on this machine."
-)
-@click.option(
-    "--ssh-config",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="With --node: the ssh config file to reach the nodes with (default: ssh's own).",
 )
 def run_cmd(
     image: str,
@@ -598,6 +602,7 @@ def run_cluster(
 ) -> None:
     """`sparkbuild run --node`: this machine and each host serving one model (sparkbuild/lanes/nodes.py)."""
     from sparkbuild.lanes import nodes
+    from sparkbuild.oci.remote import Node
 
     if not hosts or not interface:
         raise ConfigError("--node and --interface go together: the hosts to serve with, and the interface they share")
@@ -605,7 +610,7 @@ def run_cluster(
         raise ConfigError("--print: a cluster's commands depend on what each node says (its address); run without --print")
     found = nodes.Cluster(
         launch=spec,
-        nodes=tuple(nodes.Node(host=h, ssh_config=ssh_config) for h in hosts),
+        nodes=tuple(Node(host=h, ssh_config=ssh_config) for h in hosts),
         interface=interface,
         master_port=master_port,
     )
@@ -636,6 +641,10 @@ def run_cluster(
     type=click.Path(path_type=Path),
     help="First check's result file (default: sparkbuild-out/<target>/verify.json); the others' go in checks/NAME/ beside it.",
 )
+@node_options(
+    "A check served across nodes runs its nodes past this machine on HOST, reached with ssh (SPARKBUILD_NODES; with "
+    "--interface: SPARKBUILD_NODE_INTERFACE, --ssh-config: SPARKBUILD_SSH_CONFIG)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def verify_cmd(
     image: str | None,
@@ -645,9 +654,13 @@ def verify_cmd(
     check_name: str | None,
     matrix: Path | None,
     result: Path | None,
+    nodes: tuple[str, ...],
+    interface: str | None,
+    ssh_config: Path | None,
     as_json: bool,
 ) -> None:
-    """Serve IMAGE (or check the server at --url): its known answers, its kernel path, its speed."""
+    """Serve IMAGE (or check the server at --url): its known answers, its kernel path, its speed.
+    A check served across nodes runs them here (the local profile) or on --node HOST (docs/multi-node.md)."""
     from sparkbuild.lanes import pipeline
     from sparkbuild.plan import matrix as matrix_mod
     from sparkbuild.verify import verify
@@ -656,7 +669,7 @@ def verify_cmd(
         raise ConfigError("verify: give an IMAGE to serve, or --url of a running server (with --check NAME), not both")
     if log_file is not None and url is None:
         raise ConfigError("verify: --log goes with --url (sparkbuild reads the log of a server it starts itself)")
-    opts = make_options(matrix=matrix)
+    opts = make_options(matrix=matrix, nodes=nodes or None, node_interface=interface, ssh_config=ssh_config)
     loaded = matrix_mod.load(opts.matrix)
     checks = loaded.checks
     if check_name is not None and check_name not in checks:
@@ -695,7 +708,7 @@ def _verify_image(
 ) -> Verified:
     """Verify IMAGE: its target's checks (from its label) unless one is named, on the GPU for a Spark image."""
     from sparkbuild.oci.engine import Engine
-    from sparkbuild.verify import verify
+    from sparkbuild.verify import multinode, verify
 
     engine = Engine()
     labels = engine.inspect(image)["Config"].get("Labels") or {}
@@ -716,7 +729,8 @@ def _verify_image(
     # One check of the target: its result where the target's results go (where publish looks).
     names = [c.name for c in by_target.get(target_id or "", ())]
     layout = names if result is None and all(c.name in names for c in checks) else ()
-    return verify.verify_all(engine, image, checks, out, cache=opts.cache, gpus=gpus, model=model_dir, layout=layout)
+    peers = multinode.peers_of(opts)
+    return verify.verify_all(engine, image, checks, out, cache=opts.cache, gpus=gpus, model=model_dir, layout=layout, peers=peers)
 
 
 @cli.command("publish")

@@ -75,6 +75,12 @@ VARIABLES: dict[str, str] = {
     "then PyPI's `nvidia-cuda-cuobjdump` in sparkbuild's environment)",
     "SPARKBUILD_BINFMT_MISC": "the binfmt_misc folder `doctor` and the lanes read emulation handlers from (default "
     "`/proc/sys/fs/binfmt_misc`); the tests point it at an empty folder to be a host without a handler",
+    "SPARKBUILD_NODES": "the other machines (ssh hosts, comma- or space-separated) a check served across nodes runs its "
+    "nodes past the head on (`verify --node`); unset: a Spark target skips such a check, the local profile serves "
+    "every node here",
+    "SPARKBUILD_NODE_INTERFACE": "the interface of the link those machines share with this one (`--interface`; a "
+    "Spark pair's QSFP port)",
+    "SPARKBUILD_SSH_CONFIG": "the ssh config that names those machines (`--ssh-config`; default: ssh's own)",
 }
 # Set by others (the CI, pip, the Hub client, the desktop), read by sparkbuild; also declared once.
 READ_FROM_OTHERS: dict[str, str] = {
@@ -222,6 +228,11 @@ class Options:
     build_cache: BuildCacheSetting = "auto"
     # Who signs a published digest before its readable tags move (sparkbuild/publish/sign.py: SPARKBUILD_SIGN).
     signer: Signer = field(default_factory=_no_signer)
+    # The other machines a check served across nodes runs on, reached with ssh (SPARKBUILD_NODES, verify
+    # --node), the interface of the link they share with this one, and the ssh config that names them.
+    nodes: tuple[str, ...] = ()
+    node_interface: str = ""
+    ssh_config: Path | None = None
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Options:
@@ -256,8 +267,12 @@ class Options:
             "token_realms": _hosts("SPARKBUILD_TOKEN_REALMS", env.get("SPARKBUILD_TOKEN_REALMS", "")),
             "build_cache": _build_cache("SPARKBUILD_BUILD_CACHE", env.get("SPARKBUILD_BUILD_CACHE") or "auto"),
             "signer": Signer.from_env(env.get("SPARKBUILD_SIGN") or "auto", env),
+            "nodes": _ssh_hosts("SPARKBUILD_NODES", env.get("SPARKBUILD_NODES", "")),
+            "node_interface": env.get("SPARKBUILD_NODE_INTERFACE", "").strip(),
+            "ssh_config": _path("SPARKBUILD_SSH_CONFIG", env.get("SPARKBUILD_SSH_CONFIG"), None),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
+        _check_nodes(values["nodes"], values["node_interface"])
         _check_date(values["date"])
         if values["registry"] is not None:
             values["registry"] = check_address(values["registry"])
@@ -290,6 +305,29 @@ def _path(name: str, text: str | None, default: Path | None) -> Path | None:
             f"{name}={text!r}: expected a path; or unset it for the default ({default or 'see docs/configuration.md'})"
         )
     return Path(text)
+
+
+def _ssh_hosts(name: str, text: str) -> tuple[str, ...]:
+    hosts = tuple(h.strip() for h in text.replace(",", " ").split() if h.strip())
+    for found in hosts:
+        if not re.fullmatch(r"[\w.-]+@?[\w.-]*", found) or found.startswith("-"):
+            raise ConfigError(f"{name}: '{found}' is not an ssh host (HOST, USER@HOST or a Host of the ssh config)")
+    return hosts
+
+
+def _check_nodes(nodes: tuple[str, ...], interface: str) -> None:
+    """Other machines need the link they share with this one, named; an interface needs machines to share it with."""
+    if nodes and not re.fullmatch(r"[\w.:-]{1,15}", interface):
+        why = "unset" if not interface else f"{interface!r} is not an interface name"
+        raise ConfigError(
+            f"SPARKBUILD_NODES (--node) names {', '.join(nodes)} and SPARKBUILD_NODE_INTERFACE (--interface) is {why}: "
+            "name the interface of the link between the nodes (on a Spark pair, the QSFP port's; `ip -4 addr` lists them)"
+        )
+    if interface and not nodes:
+        raise ConfigError(
+            f"SPARKBUILD_NODE_INTERFACE (--interface) is {interface!r} and no other machine is named: give them with "
+            "SPARKBUILD_NODES (--node HOST), or unset it"
+        )
 
 
 def _hosts(name: str, text: str) -> tuple[str, ...]:

@@ -19,9 +19,7 @@ followed. Ctrl-C, or the head's end, removes every node's container.
 
 from __future__ import annotations
 
-import ipaddress
 import secrets
-import shlex
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -29,6 +27,7 @@ from pathlib import Path
 
 from sparkbuild.errors import ConfigError, EngineError
 from sparkbuild.lanes import launch
+from sparkbuild.oci.remote import Node, address, has_folder
 from sparkbuild.plan.matrix import cluster_flags
 from sparkbuild.util import cmd, log, signals
 from sparkbuild.verify import multinode
@@ -37,40 +36,6 @@ from sparkbuild.verify import multinode
 LABEL = "io.sparkbuild.cluster"
 # vLLM's own default --master-port.
 MASTER_PORT = 29501
-
-
-@dataclass(frozen=True, kw_only=True)
-class Node:
-    """A machine of the cluster: this one (``host`` None) or one reached with ``ssh``."""
-
-    host: str | None
-    ssh_config: Path | None = None
-
-    @property
-    def name(self) -> str:
-        return self.host or "this machine"
-
-    def command(self, args: Sequence[str]) -> list[str]:
-        """``args`` run on this node: as they are here, else through ssh (each argument quoted for the
-        remote shell, which ssh hands them to as one line)."""
-        if self.host is None:
-            return list(args)
-        config = ["-F", str(self.ssh_config)] if self.ssh_config else []
-        return ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", *config, self.host, "--", shlex.join(args)]
-
-    def run(self, args: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
-        try:
-            done = cmd.run(self.command(args), capture=True, check=False)
-        except FileNotFoundError:  # not installed here: as a shell over ssh says it (exit 127)
-            done = subprocess.CompletedProcess(list(args), 127, "", f"{self.command(args)[0]}: command not found")
-        if done.returncode == 255 and self.host is not None:
-            raise EngineError(
-                f"cannot reach {self.host} over SSH ({done.stderr.strip()[-500:] or 'exit 255'}): check that "
-                f"`ssh {self.host} true` works here without a password (a key, the host in ~/.ssh/config)"
-            )
-        if check and done.returncode != 0:
-            raise EngineError(f"{shlex.join(args)} failed on {self.name} (exit {done.returncode}): {done.stderr.strip()[-1000:]}")
-        return done
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,19 +63,6 @@ def running_nodes(node: Node) -> list[str]:
     return node.run(args).stdout.split()
 
 
-def address(node: Node, interface: str) -> str:
-    """``node``'s IPv4 address on ``interface``."""
-    done = node.run(["ip", "-4", "-o", "addr", "show", "dev", interface], check=False)
-    for line in done.stdout.splitlines():
-        fields = line.split()
-        if "inet" in fields:
-            return str(ipaddress.ip_interface(fields[fields.index("inet") + 1]).ip)
-    raise ConfigError(
-        f"--interface {interface}: {node.name} has no IPv4 address on it ({done.stderr.strip() or 'no inet line'}): give "
-        "the interface of the link between the nodes (on a Spark pair, the QSFP port's; `ip -4 addr` lists them)"
-    )
-
-
 def preflight(cluster: Cluster) -> tuple[tuple[Node, ...], multinode.Layout]:
     """Every node asked before any starts (this machine first): reachable, the same image build, no other
     cluster node running, an address on the interface. Returns the nodes and where they meet."""
@@ -134,7 +86,7 @@ def preflight(cluster: Cluster) -> tuple[tuple[Node, ...], multinode.Layout]:
     folder = Path(cluster.launch.model)
     if folder.is_dir():
         for node in nodes[1:]:
-            if node.run(["test", "-d", str(folder.resolve())], check=False).returncode != 0:
+            if not has_folder(node, folder.resolve()):
                 raise ConfigError(
                     f"{cluster.launch.model} is a folder here and {node.name} has none at {folder.resolve()}: every node reads "
                     "the weights itself; copy the folder there, to the same path (or serve a Hub id)"

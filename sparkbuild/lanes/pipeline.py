@@ -277,7 +277,7 @@ def unchecked(registry: Registry, p: TargetPlan, digest: str) -> tuple[Check, ..
 def check_published(ctx: Context, run: TargetRun, digest: str, checks: tuple[Check, ...]) -> None:
     """Run ``checks`` on the published image (pulled by digest where the engine lacks it), their
     results beside the target's others; judge the speed of those with ``bench``."""
-    from sparkbuild.verify import verify
+    from sparkbuild.verify import multinode, verify
 
     run.status = Status.VERIFYING
     run.new_checks = tuple(c.name for c in checks)
@@ -287,7 +287,14 @@ def check_published(ctx: Context, run: TargetRun, digest: str, checks: tuple[Che
     first = ctx.opts.out / run.plan.id / "verify.json"
     gpus = target.profile == "spark"
     run.verified = verify.verify_all(
-        ctx.engine, image, checks, first, cache=ctx.opts.cache, gpus=gpus, layout=tuple(c.name for c in target.checks)
+        ctx.engine,
+        image,
+        checks,
+        first,
+        cache=ctx.opts.cache,
+        gpus=gpus,
+        layout=tuple(c.name for c in target.checks),
+        peers=multinode.peers_of(ctx.opts),
     )
     run.result = run.verified.first
     run.verified.require()
@@ -341,14 +348,16 @@ def predict_startup(ctx: Context, run: TargetRun) -> bool:
 
 
 def verify_image(ctx: Context, run: TargetRun) -> bool:
-    from sparkbuild.verify import startup, verify
+    from sparkbuild.verify import multinode, startup, verify
 
     assert run.image is not None
     run.status = Status.VERIFYING
     target = run.plan.target
     gpus = target.profile == "spark"
     first = ctx.opts.out / run.plan.id / "verify.json"
-    run.verified = verify.verify_all(ctx.engine, run.image, target.checks, first, cache=ctx.opts.cache, gpus=gpus)
+    run.verified = verify.verify_all(
+        ctx.engine, run.image, target.checks, first, cache=ctx.opts.cache, gpus=gpus, peers=multinode.peers_of(ctx.opts)
+    )
     run.result = run.verified.first
     if run.startup is not None:
         run.mispredicted = tuple(startup.mispredicted(run.startup, run.verified.results))

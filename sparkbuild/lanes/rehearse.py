@@ -358,6 +358,8 @@ def _startup(engine: Engine, rehearsed: Target, image: str, opts: Options, resul
             result.not_predicted[check.name] = "the rehearsal swapped vLLM's kernel compile: its image has no compiled ops to ask"
         elif check.hub is not None:
             result.not_predicted[check.name] = f"its model ({check.hub.id}) is downloaded from the Hub on the runner"
+        elif why := startup.unpredictable(check):
+            result.not_predicted[check.name] = why
         else:
             predicted.append(check)
     if not predicted:

@@ -157,12 +157,20 @@ class Container:
     def name(self) -> str:
         return str(self._sdk.name)
 
+    def _reload(self) -> None:
+        """Docker's record of it now; an engine that no longer answers (another machine's, lost) or a
+        container gone from it is an EngineError naming the container."""
+        try:
+            self._sdk.reload()
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            raise EngineError(f"the engine that ran container {self.name} cannot say how it stands ({exc})") from None
+
     def running(self) -> bool:
-        self._sdk.reload()
+        self._reload()
         return self._sdk.status in ("created", "running")
 
     def exit_code(self) -> int | None:
-        self._sdk.reload()
+        self._reload()
         code = self._sdk.attrs.get("State", {}).get("ExitCode")
         return None if self._sdk.status in ("created", "running") else int(code)
 
@@ -173,7 +181,7 @@ class Container:
 
     def finished_at(self) -> str:
         """When its main process ended, as Docker records it (RFC 3339, so ordered as text; "" while it runs)."""
-        self._sdk.reload()
+        self._reload()
         return "" if self._sdk.status in ("created", "running") else str(self._sdk.attrs.get("State", {}).get("FinishedAt", ""))
 
     def kill(self) -> None:
@@ -186,7 +194,7 @@ class Container:
 
     def state(self) -> ServerState:
         """How the container stands now: running, or how it ended (exit code, signal, OOM kill)."""
-        self._sdk.reload()
+        self._reload()
         raw: dict[str, Any] = self._sdk.attrs.get("State", {})
         return ServerState.of(raw)
 
@@ -271,11 +279,17 @@ def gpu_options(gpus: bool) -> dict[str, Any]:
 
 
 class Engine:
-    def __init__(self) -> None:
+    def __init__(self, base_url: str | None = None, *, where: str = "") -> None:
+        """This machine's engine (DOCKER_HOST, else Docker's socket), or the one at ``base_url`` (another
+        machine's, forwarded: sparkbuild/oci/remote.py), which ``where`` names in errors."""
         try:
-            self.client = docker.from_env(timeout=600)
+            self.client = (
+                docker.from_env(timeout=600) if base_url is None else docker.DockerClient(base_url=base_url, timeout=600)
+            )
             self.client.ping()
         except docker.errors.DockerException as exc:
+            if base_url is not None:
+                raise EngineError(f"{where or base_url} does not answer ({exc}): is Docker running there?") from None
             raise EngineError(f"no Docker engine answers ({exc}); {ENGINE_HELP}") from None
         self._cli: BuildCli | None = None
 

@@ -956,7 +956,7 @@ def _target(
         arch_list=values["arch_list"],
         gpu=values["gpu"],
         patches=values["patches"],
-        checks=_target_checks(values["check"], merged["check"], checks, values["profile"]),
+        checks=_target_checks(values["check"], merged["check"], checks),
         repository=values["repository"],
         tags=tags,
         build_args=values["build_args"],
@@ -1014,23 +1014,14 @@ def _require_wheel(target: Target, merged: dict[str, Sourced], folders: Mapping[
         ) from None
 
 
-def _target_checks(names: tuple[str, ...], where: Sourced, checks: dict[str, Check], profile: str) -> tuple[Check, ...]:
-    """The target's checks by name; an unknown name is an error at its place in the list, and so is a check
-    served across nodes on a Spark target: verify starts every node on its own engine, and a Spark's second
-    node is another Spark (docs/multi-node.md)."""
+def _target_checks(names: tuple[str, ...], where: Sourced, checks: dict[str, Check]) -> tuple[Check, ...]:
+    """The target's checks by name; an unknown name is an error at its place in the list."""
     value, src, path = where
     for i, name in enumerate(names):
         at = path if isinstance(value, str) else (*path, i)
         if name not in checks:
             hint = validate.suggest(name, checks)
             raise src.fail(at, f"unknown check '{name}'.{hint} Known: {', '.join(checks) or 'none'}")
-        if profile == "spark" and checks[name].kinds.multi_node is not None:
-            raise src.fail(
-                at,
-                f"check '{name}' is served across nodes, and verify starts every node on the engine it runs on: on a "
-                "Spark that is one GPU for every node. Serve it across Sparks with `sparkbuild run --node` "
-                "(docs/multi-node.md); a Spark target cannot list it yet",
-            )
     return tuple(checks[name] for name in names)
 
 

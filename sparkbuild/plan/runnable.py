@@ -88,6 +88,21 @@ def skip_reason(check: Check, serving: Serving) -> str | None:
     return None
 
 
+def cluster_reason(check: Check, *, gpus: bool, other_machines: int) -> str | None:
+    """Why a check served across nodes cannot run here (None: it can). On a GPU every node is a machine
+    of its own (a second Spark: one GPU cannot hold two nodes' ranks as two Sparks do), and fewer other
+    machines were given than it needs; on the CPU (the rehearsal) every node can be a container here."""
+    settings = check.kinds.multi_node
+    if settings is None or not gpus or other_machines >= settings.nodes - 1:
+        return None
+    wanted = settings.nodes - 1
+    return (
+        f"served across {settings.nodes} nodes, each a Spark of its own, and {other_machines} other machine(s) given: "
+        f"name {wanted} with --node HOST (SPARKBUILD_NODES) and the link they share with --interface "
+        "(SPARKBUILD_NODE_INTERFACE); docs/multi-node.md"
+    )
+
+
 def describe(cpu: host.Cpu) -> str:
     amx = "with AMX" if cpu.amx else "without AMX"
     return f"{cpu.model or 'this CPU'}, {amx}"

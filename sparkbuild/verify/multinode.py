@@ -32,9 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkbuild.config.options import Options
 from sparkbuild.errors import EngineError, VerifyError
 from sparkbuild.oci import jitcache
 from sparkbuild.oci.engine import Container, Engine, ServerState
+from sparkbuild.oci.remote import Node, address, copy_folder, engine_of, has_folder
 from sparkbuild.plan.matrix import Check
 from sparkbuild.util import log
 from sparkbuild.util.net import free_port
@@ -45,6 +47,27 @@ LOOPBACK_INTERFACE = "lo"
 # How often the watch looks at every node, and how long a failed request waits for it to see a node stop.
 WATCH_S = 0.5
 SETTLE_S = 10.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Peers:
+    """The machines past this one a cluster's nodes run on (``verify --node HOST``, SPARKBUILD_NODES), the
+    interface of the link they share with it, and how ssh reaches them. None given: every node is a
+    container on this machine's loopback (the rehearsal)."""
+
+    hosts: tuple[str, ...] = ()
+    interface: str = ""
+    ssh_config: Path | None = None
+
+    def nodes(self) -> list[Node]:
+        return [Node(host=host, ssh_config=self.ssh_config) for host in self.hosts]
+
+
+def peers_of(opts: Options) -> Peers | None:
+    """The other machines the options name (SPARKBUILD_NODES, --node), or None."""
+    if not opts.nodes:
+        return None
+    return Peers(hosts=opts.nodes, interface=opts.node_interface, ssh_config=opts.ssh_config)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,16 +112,58 @@ def node_environment(layout: Layout, rank: int) -> dict[str, str]:
     }
 
 
-def same_build(engine: Engine, images: Sequence[str]) -> str:
+@dataclass(frozen=True, kw_only=True)
+class Place:
+    """Where one node runs: the machine (this one, or one reached over ssh), its engine, the image there."""
+
+    node: Node
+    engine: Engine
+    image: str
+
+    def where(self, rank: int) -> str:
+        who = "the head" if rank == 0 else f"node {rank}"
+        return who if self.node.host is None else f"{who} (on {self.node.host})"
+
+
+def present_everywhere(places: Sequence[Place]) -> None:
+    """The image on every machine: pulled there by its digest where the reference names one (the image
+    verify pulled from the registry here; the registry's credentials go from this machine's client with
+    the request), refused before serving where it does not (a local build has no digest to pull by)."""
+    head = places[0]
+    for rank, place in enumerate(places):
+        if place.node.host is None or place.engine.image_exists(place.image):
+            continue
+        repository, at, digest = place.image.partition("@")
+        if not at:
+            raise VerifyError(
+                f"refused before serving: {place.where(rank)} has no image {place.image}, and the reference names no "
+                f"digest to pull it by: push it to a registry and verify it by digest, or load it there (docker save "
+                f"{place.image} | ssh {place.node.host} docker load)"
+            )
+        found = head.engine.inspect(head.image)
+        place.engine.pull(repository, digest, platform=f"{found['Os']}/{found['Architecture']}")
+
+
+def same_build(places: Sequence[Place]) -> str:
     """The image ID every node would run; refused, naming both, where a node's differs from the head's."""
-    ids = [str(engine.inspect(image)["Id"]) for image in images]
-    for rank, (image, found) in enumerate(zip(images, ids, strict=True)):
+    ids = [str(place.engine.inspect(place.image)["Id"]) for place in places]
+    head = places[0]
+    for rank, (place, found) in enumerate(zip(places, ids, strict=True)):
         if found != ids[0]:
             raise VerifyError(
-                f"refused before serving: node {rank} would run {image} ({found}) and the head {images[0]} ({ids[0]}): "
-                "every node must run the same image build; pull the head's digest on every node"
+                f"refused before serving: {place.where(rank)} would run {place.image} ({found}) and {head.where(0)} "
+                f"{head.image} ({ids[0]}): every node must run the same image build; pull the head's digest on every node"
             )
     return ids[0]
+
+
+def model_everywhere(places: Sequence[Place], model: Path) -> None:
+    """Every node reads the model itself, from the same path: copied to a machine that has none there (a
+    check model is made on the head; it is a few MB)."""
+    for rank, place in enumerate(places):
+        if place.node.host is not None and not has_folder(place.node, model):
+            log.info(f"multi_node: {place.where(rank)} has no {model}: copying the check's model there")
+            copy_folder(place.node, model)
 
 
 def port_free(address: str, port: int, what: str) -> None:
@@ -120,11 +185,13 @@ class Down:
 
     rank: int
     name: str
-    state: ServerState
+    # How it ended, or None where its machine's engine no longer answers (``lost`` says how).
+    state: ServerState | None
+    lost: str = ""
 
     def text(self) -> str:
         who = "the head (node 0)" if self.rank == 0 else f"node {self.rank}"
-        return f"{who}, container {self.name}, {self.state.text()}"
+        return f"{who}, container {self.name}, {self.state.text() if self.state else self.lost}"
 
 
 class Watch:
@@ -167,9 +234,8 @@ class Watch:
     def _look(self) -> Down | None:
         with self._lock:
             if self._down is None:
-                stopped = [(rank, node) for rank, node in enumerate(self._nodes) if not node.running()]
-                if stopped:
-                    self._down = first_down(stopped)
+                self._down = self._first_down()
+                if self._down is not None:
                     log.error(f"multi_node: {self._down.text()}: stopping the other nodes")
                     for node in self._nodes:
                         try:
@@ -177,6 +243,17 @@ class Watch:
                         except EngineError as exc:  # the watch goes on: the node named is the finding
                             log.error(str(exc))
             return self._down
+
+    def _first_down(self) -> Down | None:
+        """The node that stopped first; or one whose machine's engine no longer answers (a Spark lost)."""
+        stopped = []
+        for rank, node in enumerate(self._nodes):
+            try:
+                if not node.running():
+                    stopped.append((rank, node))
+            except EngineError as exc:
+                return Down(rank=rank, name=node.name, state=None, lost=str(exc))
+        return first_down(stopped) if stopped else None
 
 
 def first_down(stopped: Sequence[tuple[int, Container]]) -> Down:
@@ -193,6 +270,8 @@ class Cluster:
     layout: Layout
     # The image every node runs, by its ID.
     image_id: str
+    # The machine each node ran on ("this machine", or the ssh host).
+    machines: tuple[str, ...] = ()
 
     def stopped(self) -> str | None:
         """Why the cluster cannot serve while it starts: a node that stopped (None while every node runs)."""
@@ -208,19 +287,49 @@ class Cluster:
             "parallel": f"tensor parallel, {n} ranks, one a node",
             "master": f"{self.layout.master_addr}:{self.layout.master_port}",
             "interface": self.layout.interface,
+            "machines": list(self.machines),
             "containers": [node.name for node in self.nodes],
             "logs": [str(path) for path in logs_of(logs, n).values()],
         }
 
 
+def over_ssh(nodes: int, hosts: Sequence[Node], interface: str) -> tuple[Layout, list[Node]]:
+    """The layout of a cluster whose head is this machine and whose other nodes are ``hosts`` (the first
+    ``nodes - 1``), meeting on ``interface``: each node's address there, the head's the master's."""
+    if len(hosts) < nodes - 1:
+        raise VerifyError(f"a cluster of {nodes} nodes needs {nodes - 1} other machine(s) besides this one; {len(hosts)} given")
+    every = [Node(host=None), *hosts[: nodes - 1]]
+    addresses = tuple(address(node, interface) for node in every)
+    layout = Layout(
+        nodes=nodes,
+        master_addr=addresses[0],
+        master_port=free_port(),
+        api_port=free_port(),
+        interface=interface,
+        addresses=addresses,
+    )
+    return layout, every
+
+
+@contextmanager
+def places(engine: Engine, image: str, nodes: Sequence[Node], images: Sequence[str] = ()) -> Iterator[list[Place]]:
+    """Where each node runs: this machine's ``engine`` for this machine, each other node's engine over
+    ssh (kept open while the cluster runs); ``images``: each node's image where they differ."""
+    refs = list(images) or [image] * len(nodes)
+    with ExitStack() as stack:
+        yield [
+            Place(node=node, engine=engine if node.host is None else stack.enter_context(engine_of(node)), image=ref)
+            for node, ref in zip(nodes, refs, strict=True)
+        ]
+
+
 @contextmanager
 def cluster(
-    engine: Engine,
     check: Check,
     model: Path,
     folder: Path,
     *,
-    images: Sequence[str],
+    places: Sequence[Place],
     model_name: str,
     layout: Layout,
     gpus: bool = False,
@@ -228,7 +337,9 @@ def cluster(
     """Every node started, the watch on (the caller waits for the head: verify.wait_healthy, asking the
     cluster's ``stopped``); on the way out every node's log is kept in ``folder`` (``node-RANK.log``) and
     every node removed."""
-    identity = same_build(engine, images)
+    present_everywhere(places)
+    identity = same_build(places)
+    model_everywhere(places, model.resolve())
     port_free(layout.master_addr, layout.master_port, "where the head meets its nodes (vLLM's --master-port)")
     port_free(LOOPBACK, layout.api_port, "the head's OpenAI API")
     caches = jitcache.for_image(identity)
@@ -236,14 +347,14 @@ def cluster(
     folder.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         nodes: list[Container] = []
-        for rank, image in enumerate(images):
+        for rank, place in enumerate(places):
             command = ["/model", *check.serve_args, *node_args(layout, rank)]
             if rank == 0:
                 command[1:1] = ["--host", LOOPBACK, "--port", str(layout.api_port), "--served-model-name", model_name]
             environment = {**jitcache.environment(), **node_environment(layout, rank)}
             node = stack.enter_context(
-                engine.run(
-                    image,
+                place.engine.run(
+                    place.image,
                     command,
                     name=f"sparkbuild-node-{token}-{rank}",
                     mounts={model.resolve(): "/model"},
@@ -252,11 +363,16 @@ def cluster(
                     gpus=gpus,
                 )
             )
-            stack.callback(_keep_log, node, logs_of(folder, len(images))[rank])
+            stack.callback(_keep_log, node, logs_of(folder, len(places))[rank])
             nodes.append(node)
         watch = stack.enter_context(Watch(nodes))
         yield Cluster(
-            url=f"http://{LOOPBACK}:{layout.api_port}", nodes=tuple(nodes), watch=watch, layout=layout, image_id=identity
+            url=f"http://{LOOPBACK}:{layout.api_port}",
+            nodes=tuple(nodes),
+            watch=watch,
+            layout=layout,
+            image_id=identity,
+            machines=tuple(place.node.name for place in places),
         )
 
 

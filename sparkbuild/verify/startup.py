@@ -245,9 +245,22 @@ def _run_probe(
             raise VerifyError(f"{image}: vLLM's start-up could not be run there: {exc}") from None
 
 
+def unpredictable(check: Check) -> str | None:
+    """Why vLLM's start-up cannot be predicted for ``check`` (None: it can)."""
+    if check.kinds.multi_node is not None:
+        # The probe is one process on one faked GPU; a cluster splits every layer over its nodes' ranks.
+        return f"served across {check.kinds.multi_node.nodes} nodes: the prediction runs one process on one GPU"
+    return None
+
+
 def on_gb10(engine: Engine, image: str, target: Target, checks: Sequence[Check], cache: Path) -> Startup:
     """``checks`` predicted in ``image`` of Spark ``target``, a GB10 faked with its build base's stub
-    driver, each check's model provided as verify provides it; logged, and raising where a check fails."""
+    driver, each check's model provided as verify provides it; logged, and raising where a check fails.
+    A check whose start-up cannot be predicted (``unpredictable``) is left out, said."""
+    for check in checks:
+        if why := unpredictable(check):
+            log.info(f"check {check.name}: start-up not predicted: {why}")
+    checks = [c for c in checks if unpredictable(c) is None]
     models = {c.name: checkmodel.provide(cache, c) for c in checks}
     with tempfile.TemporaryDirectory() as tmp:
         stub = engine.copy_out(plan.base_name(target.base, target.platform), STUB, Path(tmp))

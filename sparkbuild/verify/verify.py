@@ -28,6 +28,7 @@ from packaging.version import InvalidVersion, Version
 from sparkbuild.errors import ConfigError, FatalError, VerifyError
 from sparkbuild.oci import jitcache
 from sparkbuild.oci.engine import Container, Engine
+from sparkbuild.oci.remote import Node
 from sparkbuild.plan import matrix, runnable
 from sparkbuild.plan.matrix import Check, Prompt
 from sparkbuild.upstream import kernelpath
@@ -156,13 +157,23 @@ def image_id(engine: Engine, image: str) -> str:
     return str(engine.inspect(image)["Id"])
 
 
-def serve_check(engine: Engine, image: str, check: Check, model: Path, result_file: Path, *, gpus: bool = False) -> VerifyResult:
+def serve_check(
+    engine: Engine,
+    image: str,
+    check: Check,
+    model: Path,
+    result_file: Path,
+    *,
+    gpus: bool = False,
+    peers: multinode.Peers | None = None,
+) -> VerifyResult:
     """Serve ``model`` from ``image`` and run the check: the result, written to ``result_file``,
     not judged; the speed too where the check has ``bench``. Whatever happens, the server's whole
     log is kept beside the result; when the check fails, so is what failed (``failure.json``).
-    A check naming ``multi_node`` is served by a cluster of the image instead (``serve_cluster``)."""
+    A check naming ``multi_node`` is served by a cluster of the image instead (``serve_cluster``),
+    its nodes past the head on ``peers`` where given."""
     if check.kinds.multi_node is not None:
-        return serve_cluster(engine, image, check, model, result_file, gpus=gpus)
+        return serve_cluster(engine, image, check, model, result_file, gpus=gpus, peers=peers)
     folder = result_file.parent
     with started(engine, image, check, model, gpus=gpus) as (container, url):
         done = False
@@ -216,23 +227,30 @@ def serve_cluster(
     gpus: bool = False,
     images: Sequence[str] = (),
     layout: multinode.Layout | None = None,
+    peers: multinode.Peers | None = None,
 ) -> VerifyResult:
     """The check with a cluster of ``image`` as its server (sparkbuild/verify/multinode.py): the model split
     over the nodes by vLLM's own multi-node launch, then every step of the check against the head, as
     against one server: answers, probes, the logprobs held to the model's reference (what one node must
     give), the kinds (the burn-in among them), the kernel path from the head's log. A node that stops
     fails the check naming it; every node's log is kept in ``multi-node/`` beside the result.
-    ``images``: each node's image where they differ (default ``image`` on every node); ``layout``: where
-    the nodes meet (default: this machine's loopback, free ports)."""
+    ``peers``: the machines the nodes past the head run on, over ssh (default: every node on this
+    machine's loopback); ``images``: each node's image where they differ (default ``image`` on every
+    node); ``layout``: where the nodes meet on this machine (default: its loopback, free ports)."""
     settings = check.kinds.multi_node
     if settings is None:
         raise ValueError(f"check {check.name} names no multi_node")
     folder = result_file.parent
-    nodes = tuple(images) or (image,) * settings.nodes
-    layout = layout or multinode.loopback(settings.nodes)
-    with multinode.cluster(
-        engine, check, model, folder / MULTI_NODE_DIR, images=nodes, model_name=MODEL_NAME, layout=layout, gpus=gpus
-    ) as found:
+    if peers is not None and peers.hosts:
+        layout, machines = multinode.over_ssh(settings.nodes, peers.nodes(), peers.interface)
+    else:
+        layout, machines = layout or multinode.loopback(settings.nodes), [Node(host=None)] * settings.nodes
+    with (
+        multinode.places(engine, image, machines, images) as places,
+        multinode.cluster(
+            check, model, folder / MULTI_NODE_DIR, places=places, model_name=MODEL_NAME, layout=layout, gpus=gpus
+        ) as found,
+    ):
         head = found.nodes[0]
         with log.step(f"Waiting for the {layout.nodes}-node cluster of {image} to serve on {found.url}"):
             startup = wait_healthy(head, found.url, check.startup_timeout, down=found.stopped)
@@ -383,11 +401,13 @@ def verify_all(
     gpus: bool = False,
     model: Path | None = None,
     layout: Sequence[str] = (),
+    peers: multinode.Peers | None = None,
 ) -> Verified:
     """Every check of a target against ``image``, one server each, in order; each with ``bench``
     is benchmarked. A failing check never stops the next: all are run, then judged together.
     ``model`` is a folder to serve in place of the (single) check's own model. ``layout``: the
-    target's checks, where ``checks`` are some of them (their results go where the target's go)."""
+    target's checks, where ``checks`` are some of them (their results go where the target's go).
+    ``peers``: the other machines a check served across nodes runs on (sparkbuild/verify/multinode.py)."""
     if short := [why for check in checks if (why := checkkinds.burn_in_too_short(check))]:
         raise ConfigError("\n".join(short))
     files = result_files(result_file, layout or checks)
@@ -400,7 +420,10 @@ def verify_all(
             # An earlier run's result of this check must not stand for this one's.
             for stale in (files[check.name], files[check.name].parent / FAILURE):
                 stale.unlink(missing_ok=True)
-            reason = None if model is not None else runnable.skip_reason(check, serving)
+            others = len(peers.hosts) if peers else 0
+            reason = (None if model is not None else runnable.skip_reason(check, serving)) or runnable.cluster_reason(
+                check, gpus=gpus, other_machines=others
+            )
             if reason is not None:
                 skipped[check.name] = reason
                 write_skipped(files[check.name], check, image, image_id(engine, image), reason)
@@ -408,7 +431,7 @@ def verify_all(
                 continue
             try:
                 folder = model or checkmodel.provide(cache, check)
-                served = serve_check(engine, image, check, folder, files[check.name], gpus=gpus)
+                served = serve_check(engine, image, check, folder, files[check.name], gpus=gpus, peers=peers)
                 results[check.name] = served
                 require(served, files[check.name])
             except FatalError as exc:

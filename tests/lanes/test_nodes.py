@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 from sparkbuild.lanes import nodes
+from sparkbuild.oci.remote import Node
 
 # Debian bookworm's logind.conf, as `systemd-analyze cat-config systemd/logind.conf` prints it (abridged).
 DEBIAN = """\
@@ -44,16 +45,16 @@ def test_a_node_without_systemd_has_nothing_that_removes_ipc() -> None:
 
 
 def test_a_command_reaches_a_node_as_its_arguments_quoted_for_the_remote_shell(tmp_path: Path) -> None:
-    node = nodes.Node(host="spark-b", ssh_config=tmp_path / "config")
+    node = Node(host="spark-b", ssh_config=tmp_path / "config")
     args = ["docker", "run", "--env", "A=b c", "img", "--chat-template", "{{ x }}; rm -rf /"]
     sent = node.command(args)
     assert sent[:2] == ["ssh", "-o"] and sent[sent.index("-F") + 1] == str(tmp_path / "config")
     assert sent[-2:] == ["--", shlex.join(args)] and shlex.split(sent[-1]) == args
-    assert nodes.Node(host=None).command(args) == args  # this machine: as they are
+    assert Node(host=None).command(args) == args  # this machine: as they are
 
 
 def test_a_program_this_machine_lacks_answers_as_a_shell_over_ssh_would() -> None:
     """`ip` or `systemd-analyze` missing here: exit 127 as on a node over ssh, so doctor says what lacks it."""
-    done = nodes.Node(host=None).run(["sparkbuild-no-such-program", "--version"], check=False)
+    done = Node(host=None).run(["sparkbuild-no-such-program", "--version"], check=False)
     assert done.returncode == 127 and "command not found" in done.stderr
     assert nodes.remove_ipc(done).ok is True

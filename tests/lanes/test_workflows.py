@@ -223,3 +223,13 @@ def test_a_target_job_outlives_the_build_bound_so_a_hung_step_is_named_first(nam
     defaults = yaml.safe_load((ROOT / "sparkbuild/resources/defaults.yaml").read_text(encoding="utf-8"))
     bound = defaults["target"]["build_timeout_minutes"]
     assert load(name)["jobs"]["build"]["timeout-minutes"] >= 2 * bound
+
+
+@pytest.mark.parametrize("name", ["nightly.yml", "rc.yml"])
+def test_the_target_jobs_take_the_runner_pairs_second_spark_from_the_repositorys_variables(name: str) -> None:
+    """verify starts a check's second node on the Spark SPARKBUILD_NODES names (sparkbuild/verify/multinode.py);
+    the variables come from the repository's settings, never written into the workflow."""
+    jobs = load(name)["jobs"]
+    env = jobs["build"]["env"]
+    assert env["SPARKBUILD_NODES"] == "${{ vars.SPARKBUILD_NODES }}"
+    assert env["SPARKBUILD_NODE_INTERFACE"] == "${{ vars.SPARKBUILD_NODE_INTERFACE }}"

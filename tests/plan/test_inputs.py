@@ -266,6 +266,17 @@ BAD_OPTIONS = {
     "SPARKBUILD_REGISTRY over plain HTTP": ({"SPARKBUILD_REGISTRY": "http://registry.example.com"}, (), "plain HTTP only"),
     "SPARKBUILD_TOKEN_REALMS": ({"SPARKBUILD_TOKEN_REALMS": "a b"}, (), "is not a host name"),
     "SPARKBUILD_CACHE empty": ({"SPARKBUILD_CACHE": " "}, (), "SPARKBUILD_CACHE"),
+    "SPARKBUILD_NODES without the interface": (
+        {"SPARKBUILD_NODES": "spark-b"},
+        (),
+        "SPARKBUILD_NODE_INTERFACE (--interface) is unset",
+    ),
+    "SPARKBUILD_NODES, an option for ssh": (
+        {"SPARKBUILD_NODES": "-oProxyCommand=x", "SPARKBUILD_NODE_INTERFACE": "enp1s0f0np0"},
+        (),
+        "is not an ssh host",
+    ),
+    "SPARKBUILD_NODE_INTERFACE alone": ({"SPARKBUILD_NODE_INTERFACE": "enp1s0f0np0"}, (), "no other machine is named"),
 }
 
 

@@ -91,3 +91,16 @@ def test_a_folder_model_is_judged_by_its_config(tmp_path: Path) -> None:
 
 def test_every_recipe_has_a_format() -> None:
     assert set(model.names()) <= set(runnable.RECIPE_FORMATS)
+
+
+def test_a_check_served_across_nodes_on_a_gpu_needs_the_other_sparks_named() -> None:
+    """On a GPU every node is a Spark of its own: the shipped Spark target's two-node check is skipped, saying
+    how to name the second, until one is given; on the CPU (the rehearsal) every node is a container here."""
+    spark = next(t for t in matrix.load(ROOT / "matrix.yaml").targets if t.id == "vllm-0.33.0-cu130-sm121")
+    check = next(c for c in spark.checks if c.name == "moe-nvfp4-2node")
+    why = runnable.cluster_reason(check, gpus=True, other_machines=0)
+    assert why is not None and "served across 2 nodes" in why and "--node HOST (SPARKBUILD_NODES)" in why
+    assert runnable.cluster_reason(check, gpus=True, other_machines=1) is None
+    assert runnable.cluster_reason(check, gpus=False, other_machines=0) is None
+    one_node = next(c for c in spark.checks if c.name == "moe-nvfp4")
+    assert runnable.cluster_reason(one_node, gpus=True, other_machines=0) is None

@@ -47,6 +47,13 @@ STEPS = (
 class SshNode:
     host: str
     config: Path
+    # The SSH server's container: its log is sshd's.
+    container: str
+
+
+def log(engine: Engine, node: SshNode) -> str:
+    """What the node's sshd has logged."""
+    return str(engine.client.containers.get(node.container).logs().decode(errors="replace"))
 
 
 def image(engine: Engine, base: str, folder: Path) -> str:
@@ -75,9 +82,13 @@ def config(folder: Path, hosts: dict[str, int], key: Path) -> Path:
 
 
 @contextmanager
-def running(engine: Engine, node_image: str, folder: Path, shared: list[Path]) -> Iterator[SshNode]:
+def running(
+    engine: Engine, node_image: str, folder: Path, shared: list[Path], own: dict[Path, tuple[Path, str]] | None = None
+) -> Iterator[SshNode]:
     """The node serving SSH on a loopback port; ``shared``: host folders it sees at the same paths (a
-    model folder). The config also names ``unreachable``: a port nothing listens on."""
+    model folder); ``own``: paths where it sees a folder of its own instead (path -> (the host folder
+    behind it, "rw" or "ro")), as a second machine has its own disk. The config also names
+    ``unreachable``: a port nothing listens on."""
     _, client_key = keys(folder / "keys")
     port = free_port()
     docker = shutil.which("docker") or "/usr/bin/docker"
@@ -88,9 +99,12 @@ def running(engine: Engine, node_image: str, folder: Path, shared: list[Path]) -
     (folder / "docker").chmod(0o755)
     volumes[str(folder / "docker")] = {"bind": "/usr/local/bin/docker", "mode": "ro"}
     volumes.update({str(p.resolve()): {"bind": str(p.resolve()), "mode": "ro"} for p in shared})
+    volumes.update({str(behind): {"bind": str(path), "mode": mode} for path, (behind, mode) in (own or {}).items()})
     sshd = ["/usr/sbin/sshd", "-D", "-e", "-p", str(port), "-h", "/keys/host_key"]
     sshd += ["-o", "ListenAddress=127.0.0.1", "-o", "AuthorizedKeysFile=/keys/authorized_keys", "-o", "StrictModes=no"]
     sshd += ["-o", "PasswordAuthentication=no", "-o", "PermitRootLogin=prohibit-password"]
+    # DEBUG1: sshd logs each channel it opens (a forwarded socket among them), which the tests read.
+    sshd += ["-o", "LogLevel=DEBUG1"]
     # create, then start: the SDK's run pulls an image it does not find, from Docker Hub.
     container = engine.client.containers.create(
         node_image, sshd, name=f"sparkbuild-test-ssh-node-{secrets.token_hex(4)}", init=True, network_mode="host",
@@ -99,7 +113,11 @@ def running(engine: Engine, node_image: str, folder: Path, shared: list[Path]) -
     try:
         container.start()
         wait_listening(port, lambda: container.logs().decode(errors="replace"))
-        yield SshNode(host="node-b", config=config(folder, {"node-b": port, "unreachable": free_port()}, client_key))
+        yield SshNode(
+            host="node-b",
+            config=config(folder, {"node-b": port, "unreachable": free_port()}, client_key),
+            container=container.name,
+        )
     finally:
         container.remove(force=True)
 

@@ -1,14 +1,19 @@
 """A check served by two nodes (issue 40): the shipped ``moe-alphabet-2node`` check on a cluster of the local
-image, one container a node on this machine's loopback, formed by vLLM's own multi-node launch (``--nnodes 2``,
-the second node ``--headless``), tensor parallel over the two, Gloo in place of NCCL; and each fault Spark
-owners meet with two boxes, made for real and caught for its reason:
+image, formed by vLLM's own multi-node launch (``--nnodes 2``, the second node ``--headless``), tensor parallel
+over the two, Gloo in place of NCCL, on this machine's loopback. Its second node runs where a Spark pair's
+does: on another machine, reached with ssh (``verify --node HOST --interface IFACE``), its engine driven
+through the socket ssh forwards. Here that machine is an SSH server in a container (tests/support/sshnode.py)
+whose engine is this one; every other test starts both nodes here, as the local profile does. Each fault
+Spark owners meet with two boxes, made for real and caught for its reason:
 
 - a node running another build of the image (a derived image, one layer away): refused before any node
   starts, naming both image IDs;
 - a node that dies while the cluster serves (its container killed with SIGKILL during the burn-in, as the
   kernel's OOM killer or a lost box ends it): verify fails naming the node, keeps both nodes' logs, and does
   not wait on the cluster that lost a rank;
-- a port the cluster cannot bind (held by another socket): refused before any node starts, naming it.
+- a port the cluster cannot bind (held by another socket): refused before any node starts, naming it;
+- a node that has no copy of the check's model at the same path, or that ssh cannot reach: refused before
+  any node starts, naming the node and what to do.
 """
 
 from __future__ import annotations
@@ -19,15 +24,16 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from sparkbuild.errors import VerifyError
+from sparkbuild.errors import EngineError, VerifyError
 from sparkbuild.oci.engine import Engine
 from sparkbuild.plan import matrix
 from sparkbuild.verify import checkmodel, multinode, verify
-from tests.support import ROOT
+from tests.support import ROOT, sshnode
 from tests.support.images import Created, derived_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -44,14 +50,49 @@ def model(cache: Path) -> Path:
     return checkmodel.provide(cache, shipped())
 
 
-def test_the_shipped_check_passes_on_two_nodes_of_the_local_image(
-    engine: Engine, local_image: str, cache: Path, tmp_path: Path
+@pytest.fixture(scope="module")
+def node_image(engine: Engine, base: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    return sshnode.image(engine, base, tmp_path_factory.mktemp("ssh-node-image"))
+
+
+@contextmanager
+def machine(engine: Engine, node_image: str, model: Path, folder: Path, mode: str) -> Iterator[sshnode.SshNode]:
+    """A second machine whose models folder (where the head keeps the check's model) is its own disk's,
+    empty, writable or not (``mode``): behind it, ``folder / "disk"`` here."""
+    (folder / "disk").mkdir(parents=True)
+    own = {model.resolve().parent: (folder / "disk", mode)}
+    with sshnode.running(engine, node_image, folder, [], own) as found:
+        yield found
+
+
+@pytest.fixture(scope="module")
+def node(engine: Engine, node_image: str, model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[sshnode.SshNode]:
+    with machine(engine, node_image, model, tmp_path_factory.mktemp("ssh-node"), "rw") as found:
+        yield found
+
+
+def peers(node: sshnode.SshNode, host: str | None = None) -> multinode.Peers:
+    return multinode.Peers(hosts=(host or node.host,), interface="lo", ssh_config=node.config)
+
+
+def test_the_shipped_check_passes_on_two_nodes_the_second_on_a_machine_reached_with_ssh(
+    engine: Engine, local_image: str, cache: Path, node: sshnode.SshNode, tmp_path: Path
 ) -> None:
     result_file = tmp_path / "verify.json"
-    found = verify.verify_all(engine, local_image, [shipped()], result_file, cache=cache)
+    found = verify.verify_all(engine, local_image, [shipped()], result_file, cache=cache, peers=peers(node))
     assert not found.failures, found.failures
     data = json.loads(result_file.read_text())
     assert data["ok"] and data["cluster"]["nodes"] == 2, data
+    assert data["cluster"]["machines"] == ["this machine", node.host]
+    # The node had no copy of the check's model: verify made one there, over ssh, file for file.
+    model = Path(data["model"]).resolve()
+    disk = node.config.parent / "disk" / model.name
+    assert sorted(p.relative_to(disk) for p in disk.rglob("*")) == sorted(p.relative_to(model) for p in model.rglob("*"))
+    assert all(p.read_bytes() == (model / p.relative_to(disk)).read_bytes() for p in disk.rglob("*") if p.is_file())
+    # Node 1 was started through the node's engine socket, which its sshd forwarded to this machine.
+    assert "server_request_direct_streamlocal" in sshnode.log(engine, node) and "/var/run/docker.sock" in sshnode.log(
+        engine, node
+    )
     assert [a["received"] for a in data["answers"]] == [p.expect for p in shipped().prompts]
     assert data["numbers"] and all(n["ok"] for n in data["numbers"])  # held to the model's own reference
     assert [k["kind"] for k in data["kinds"]] == ["burn_in"] and data["kinds"][0]["figures"]["right"] == 42
@@ -147,3 +188,27 @@ def test_a_node_that_dies_while_the_cluster_serves_fails_verify_naming_it(
     assert all("TP rank" in path.read_text() for path in logs)
     failure = json.loads((tmp_path / verify.FAILURE).read_text())
     assert "node 1" in failure["error"]
+
+
+def test_a_node_where_the_model_cannot_be_copied_is_refused_before_any_node_starts(
+    engine: Engine, local_image: str, model: Path, node_image: str, tmp_path: Path
+) -> None:
+    """The node reads the weights itself: where its disk takes no copy (read-only here), nothing starts."""
+    with (
+        machine(engine, node_image, model, tmp_path / "node", "ro") as read_only,
+        Created(engine, local_image) as created,
+        pytest.raises(EngineError) as caught,
+    ):
+        verify.serve_cluster(engine, local_image, shipped(), model, tmp_path / "verify.json", peers=peers(read_only))
+    error = str(caught.value)
+    assert f"could not copy {model.resolve()} to {read_only.host}" in error and "Read-only file system" in error, error
+    assert created.events == []
+
+
+def test_a_node_ssh_cannot_reach_is_refused_naming_it(
+    engine: Engine, local_image: str, model: Path, node: sshnode.SshNode, tmp_path: Path
+) -> None:
+    with Created(engine, local_image) as created, pytest.raises(EngineError) as caught:
+        verify.serve_cluster(engine, local_image, shipped(), model, tmp_path / "verify.json", peers=peers(node, "unreachable"))
+    assert "cannot reach unreachable over SSH" in str(caught.value) and "Connection refused" in str(caught.value)
+    assert created.events == []
