@@ -509,8 +509,10 @@ def test_the_report_holds_vllms_own_start_up_of_every_check_with_a_gb10_faked(
         ("moe", "FLASHINFER_CUTLASS"),
     }
     assert by_check["moe-nvfp4-eager"]["values"]["cudagraph_mode"] == "NONE"
+    # The check served across two Sparks is not predicted (one process on one faked GPU), and says so.
+    assert from_wheel["not_predicted"] == {"moe-nvfp4-2node": "served across 2 nodes: the prediction runs one process on one GPU"}
     assert rehearsed["startup"] is None
-    assert set(rehearsed["not_predicted"]) == set(by_check)
+    assert set(rehearsed["not_predicted"]) == {*by_check, "moe-nvfp4-2node"}
     assert "swapped vLLM's kernel compile" in rehearsed["not_predicted"]["alphabet"]
 
 

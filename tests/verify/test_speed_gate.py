@@ -1,7 +1,7 @@
 """The speed gate on real images (issue 29, item 1): an image made slower on purpose in every decode
 step regresses at decode only; one made slower after its CPU MoE kernel call regresses the MoE check
 at decode, and its prefill is never read as unchanged; the shipped image, served fresh three times,
-each read ok against another of the three (a ring: each server is the baseline of the next).
+never read changed against another of the three (a ring: each server is the baseline of the next).
 
 The slowed images are one layer from the shipped image (tests/support/speedrig.py: the installed vLLM
 edited, the edit failing where its place in the source moved), built for real and removed after,
@@ -138,12 +138,21 @@ def test_an_image_slower_in_every_decode_step_regresses_at_decode(
     assert decode_slower > 4 * prefill_slower, (decode_slower, prefill_slower)
 
 
-def test_the_shipped_image_reads_ok_against_another_of_its_servers_three_times_out_of_three(
+def stream_rate(run: Benchmark) -> float | None:
+    """The c=1 stream's decode rate (None where its tokens came in bursts)."""
+    level = run.level("decode", 1)
+    return None if level is None else level.figures.tokens_per_s_per_request
+
+
+def test_the_shipped_image_never_reads_changed_against_another_of_its_servers(
     shipped_runs: list[Benchmark],
 ) -> None:
     """Three fresh servers of the shipped image, each judged against the one before it (the first
-    against the last): ok each time, the stream's decode rate judged each time. The figures that count
-    the client's own turns are timed or not as the baseline's were (the same host), and where not, the
+    against the last): never regressed or improved, and ok wherever both servers measured the stream's
+    decode rate. A server whose stream came in bursts (several tokens a chunk: no token gaps to time,
+    seen once on CI's host, in a cold run) has no such rate, and a pair with it is too noisy to judge,
+    which is what the gate must say then; at least one pair is judged. The figures that count the
+    client's own turns are timed or not as the baseline's were (the same host), and where not, the
     verdict line says why."""
     check = shipped("moe-alphabet")
     untimed = {lv.contended for run in shipped_runs for lv in run.levels}
@@ -153,7 +162,10 @@ def test_the_shipped_image_reads_ok_against_another_of_its_servers_three_times_o
     for i, measured in enumerate(shipped_runs):
         gate = judged(measured, shipped_runs[i - 1], check)
         verdicts.append(gate.verdict)
-        assert any(c.figure == "tokens_per_s_per_request" and c.verdict == "ok" for c in gate.changes), gate.to_json()
+        stream = ("decode", 1, "tokens_per_s_per_request")
+        rate = [c.verdict for c in gate.changes if (c.scenario, c.concurrency, c.figure) == stream]
+        both = all(stream_rate(run) is not None for run in (measured, shipped_runs[i - 1]))
+        assert (gate.verdict, rate) == (("ok", ["ok"]) if both else ("too noisy", [])), gate.to_json()
         if why:
             assert f"not measurable where this image was measured: {why}" in gate.noisy()
-    assert verdicts == ["ok", "ok", "ok"]
+    assert "ok" in verdicts and not {"regressed", "improved"} & set(verdicts), verdicts
