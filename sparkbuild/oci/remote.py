@@ -112,10 +112,10 @@ def copy_folder(node: Node, folder: Path) -> None:
     unpack = [*node.ssh(), "--", f"mkdir -p {shlex.quote(str(parent))} && cd {shlex.quote(str(parent))} && {remote}"]
     pack = ["tar", "-C", str(folder), "-cf", "-", "."]
     log.info(f"{cmd.show(pack)} | {cmd.show(unpack)[2:]}")
+    # Leaving the block closes this end of the pipe before waiting on tar: a tar the remote side stopped
+    # reading ends on SIGPIPE instead of waiting on a full pipe.
     with subprocess.Popen(pack, stdout=subprocess.PIPE) as tar:
         done = subprocess.run(unpack, stdin=tar.stdout, capture_output=True, text=True, check=False)
-        assert tar.stdout is not None
-        tar.stdout.close()
     if done.returncode == 255:
         raise node.unreachable(done.stderr.strip()[-500:] or "exit 255")
     if done.returncode != 0 or tar.returncode != 0:

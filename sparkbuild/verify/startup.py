@@ -257,10 +257,13 @@ def on_gb10(engine: Engine, image: str, target: Target, checks: Sequence[Check],
     """``checks`` predicted in ``image`` of Spark ``target``, a GB10 faked with its build base's stub
     driver, each check's model provided as verify provides it; logged, and raising where a check fails.
     A check whose start-up cannot be predicted (``unpredictable``) is left out, said."""
+    predictable = []
     for check in checks:
         if why := unpredictable(check):
             log.info(f"check {check.name}: start-up not predicted: {why}")
-    checks = [c for c in checks if unpredictable(c) is None]
+        else:
+            predictable.append(check)
+    checks = predictable
     models = {c.name: checkmodel.provide(cache, c) for c in checks}
     with tempfile.TemporaryDirectory() as tmp:
         stub = engine.copy_out(plan.base_name(target.base, target.platform), STUB, Path(tmp))

@@ -415,12 +415,12 @@ def verify_all(
     failures: dict[str, FatalError] = {}
     skipped: dict[str, str] = {}
     serving = runnable.Serving.of(engine.inspect(image)["Config"].get("Labels") or {}, host.read_cpu())
+    others = len(peers.hosts) if peers else 0  # the machines a check served across nodes may run on, past this one
     for i, check in enumerate(checks):
         with log.step(f"check {check.name} ({i + 1}/{len(checks)}) on {image}"):
             # An earlier run's result of this check must not stand for this one's.
             for stale in (files[check.name], files[check.name].parent / FAILURE):
                 stale.unlink(missing_ok=True)
-            others = len(peers.hosts) if peers else 0
             reason = (None if model is not None else runnable.skip_reason(check, serving)) or runnable.cluster_reason(
                 check, gpus=gpus, other_machines=others
             )
