@@ -551,7 +551,15 @@ def model_cmd(name: str) -> None:
     "Serve across this machine and HOST (repeat for more), reached with ssh: vLLM's multi-node launch, tensor parallel."
 )
 @click.option(
-    "--master-port", type=int, default=29501, show_default=True, help="With --node: where the nodes meet on this machine."
+    "--master-port", type=int, help="With --node: where the nodes meet on this machine (default: 29501; with Ray, 6379)."
+)
+@click.option(
+    "--launch",
+    "launch_with",
+    type=click.Choice(["vllm", "ray"]),
+    default="vllm",
+    show_default=True,
+    help="With --node: vLLM's own multi-node launch, or Ray (ray start on every node, then vllm serve on this one).",
 )
 def run_cmd(
     image: str,
@@ -567,7 +575,8 @@ def run_cmd(
     as_json: bool,
     nodes: tuple[str, ...],
     interface: str | None,
-    master_port: int,
+    master_port: int | None,
+    launch_with: str,
     ssh_config: Path | None,
 ) -> None:
     """Serve MODEL with IMAGE as a Spark needs it: host IPC and network, the GPUs, the Hugging Face
@@ -587,8 +596,8 @@ def run_cmd(
         gpus=gpus,
         detach=detach,
     )
-    if nodes or interface or ssh_config:
-        run_cluster(spec, nodes, interface, master_port, ssh_config, print_only=print_only)
+    if nodes or interface or ssh_config or launch_with != "vllm":
+        run_cluster(spec, nodes, interface, master_port, ssh_config, print_only=print_only, launch_with=launch_with)
         return
     args = launch.run(spec, dry_run=print_only)
     if as_json:
@@ -598,14 +607,24 @@ def run_cmd(
 
 
 def run_cluster(
-    spec: Any, hosts: tuple[str, ...], interface: str | None, master_port: int, ssh_config: Path | None, *, print_only: bool
+    spec: Any,
+    hosts: tuple[str, ...],
+    interface: str | None,
+    master_port: int | None,
+    ssh_config: Path | None,
+    *,
+    print_only: bool,
+    launch_with: str = "vllm",
 ) -> None:
     """`sparkbuild run --node`: this machine and each host serving one model (sparkbuild/lanes/nodes.py)."""
     from sparkbuild.lanes import nodes
     from sparkbuild.oci.remote import Node
 
     if not hosts or not interface:
-        raise ConfigError("--node and --interface go together: the hosts to serve with, and the interface they share")
+        raise ConfigError(
+            "--node and --interface go together (--launch and --ssh-config need them): the hosts to serve with, and the "
+            "interface they share"
+        )
     if print_only:
         raise ConfigError("--print: a cluster's commands depend on what each node says (its address); run without --print")
     found = nodes.Cluster(
@@ -613,6 +632,7 @@ def run_cluster(
         nodes=tuple(Node(host=h, ssh_config=ssh_config) for h in hosts),
         interface=interface,
         master_port=master_port,
+        launch_with=launch_with,
     )
     names = nodes.start(found, follow=not spec.detach)
     if spec.detach:

@@ -15,10 +15,16 @@ stops the run with nothing started anywhere:
 Then the head starts, then each node, all detached with the settings ``sparkbuild run`` gives one Spark
 (host IPC and network, the GPUs, the caches on volumes); the endpoint is printed and the head's log
 followed. Ctrl-C, or the head's end, removes every node's container.
+
+``--launch ray`` forms the cluster with Ray instead, as vLLM's ``run_cluster.sh`` does (the same code as
+verify's ``multi_node: {launch: ray}``): ``ray start`` on every node, then ``vllm serve
+--distributed-executor-backend ray`` on the head once every node has joined; the image must carry Ray
+(sparkbuild's Spark images do), which is asked before anything starts.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 import subprocess
 from collections.abc import Sequence
@@ -34,8 +40,8 @@ from sparkbuild.verify import multinode
 
 # Every node's container carries it: a second run finds the first by it.
 LABEL = "io.sparkbuild.cluster"
-# vLLM's own default --master-port.
-MASTER_PORT = 29501
+# Where the nodes meet on the head by default: vLLM's own --master-port; Ray's own head port.
+MASTER_PORT = {"vllm": 29501, "ray": 6379}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,7 +51,13 @@ class Cluster:
     launch: launch.Launch
     nodes: tuple[Node, ...]
     interface: str
-    master_port: int = MASTER_PORT
+    master_port: int | None = None
+    # "vllm" (its own multi-node launch) or "ray".
+    launch_with: str = "vllm"
+
+    @property
+    def port(self) -> int:
+        return self.master_port if self.master_port is not None else MASTER_PORT[self.launch_with]
 
 
 def image_id(node: Node, image: str) -> str:
@@ -92,24 +104,53 @@ def preflight(cluster: Cluster) -> tuple[tuple[Node, ...], multinode.Layout]:
                     "the weights itself; copy the folder there, to the same path (or serve a Hub id)"
                 )
     addresses = tuple(address(node, cluster.interface) for node in nodes)
+    if cluster.launch_with == "ray":
+        has_ray(image)
     layout = multinode.Layout(
         nodes=len(nodes),
         master_addr=addresses[0],
-        master_port=cluster.master_port,
+        master_port=cluster.port,
         api_port=cluster.launch.port,
         interface=cluster.interface,
         addresses=addresses,
+        launch=cluster.launch_with,
     )
     return nodes, layout
 
 
-def node_command(cluster: Cluster, layout: multinode.Layout, rank: int, name: str, gpus: bool) -> list[str]:
-    """The ``docker run`` of node ``rank``: sparkbuild run's options for one Spark, the node's addresses, its label."""
+def has_ray(image: str) -> None:
+    """The image carries Ray's ``ray`` command (the same build runs on every node, asked above)."""
+    done = cmd.run([launch.docker(), "run", "--rm", "--network", "none", "--entrypoint", "ray", image, "--version"],
+                   capture=True, check=False)  # fmt: skip
+    if done.returncode != 0:
+        raise ConfigError(
+            f"--launch ray: {image} has no Ray (`ray --version` in it: {done.stderr.strip()[-300:] or done.returncode}); "
+            "serve it with vLLM's own launch (leave --launch out), or use an image with Ray (sparkbuild's Spark images carry it)"
+        )
+
+
+def entrypoint_of(image: str) -> list[str]:
+    """The image's own entrypoint (the serve wrapper), which Ray's head runs once every node has joined."""
+    done = cmd.run([launch.docker(), "image", "inspect", "--format", "{{json .Config.Entrypoint}}", image], capture=True)
+    return [str(part) for part in json.loads(done.stdout or "null") or []]
+
+
+def node_command(
+    cluster: Cluster, layout: multinode.Layout, rank: int, name: str, gpus: bool, entrypoint: Sequence[str] = ()
+) -> list[str]:
+    """The ``docker run`` of node ``rank``: sparkbuild run's options for one Spark, the node's addresses, its
+    label; with Ray, ``ray start`` (the head's launcher runs the image's ``entrypoint`` once every node joined)."""
     spec = replace(cluster.launch, name=name, detach=True)
     options, model = launch.options_and_model(spec, gpus, multinode.node_environment(layout, rank))
     options += ["--label", f"{LABEL}={name.rsplit('-', 1)[0]}"]
     api = ["--port", str(layout.api_port)] if rank == 0 else []
-    return [*options, spec.image, model, *api, *spec.args, *multinode.node_args(layout, rank)]
+    serve = [model, *api, *spec.args, *multinode.node_args(layout, rank)]
+    if layout.launch != "ray":
+        return [*options, spec.image, *serve]
+    program, command = multinode.ray_command(layout, rank, [*entrypoint, *serve], dashboard=True)
+    if rank == 0:
+        options += ["--volume", f"{multinode.ray_head_file()}:{multinode.RAY_HEAD}:ro"]
+    return [*options, "--entrypoint", program, spec.image, *command]
 
 
 def start(cluster: Cluster, *, follow: bool = True) -> list[str]:
@@ -121,6 +162,7 @@ def start(cluster: Cluster, *, follow: bool = True) -> list[str]:
         raise ConfigError(f"{own[0]}: `sparkbuild run --node` sets it on each node (tensor parallel over them); leave it out")
     nodes, layout = preflight(cluster)
     gpus = cluster.launch.gpus if cluster.launch.gpus is not None else launch.has_cuda(cluster.launch.image)
+    entrypoint = entrypoint_of(cluster.launch.image) if layout.launch == "ray" else []
     run_id = f"sparkbuild-cluster-{secrets.token_hex(4)}"
     started: list[tuple[Node, str]] = []
     try:
@@ -128,7 +170,7 @@ def start(cluster: Cluster, *, follow: bool = True) -> list[str]:
             name = f"{run_id}-{rank}"
             held = signals.Held()  # Ctrl-C waits until the node is started and on the list to remove
             with held:
-                node.run(node_command(cluster, layout, rank, name, gpus))
+                node.run(node_command(cluster, layout, rank, name, gpus, entrypoint))
                 started.append((node, name))
             held.deliver()
         who = ", ".join(n.name for n in nodes)

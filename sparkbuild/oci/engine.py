@@ -625,7 +625,10 @@ class Engine:
             raise EngineError(f"could not create a container from {image}: {exc.explanation}") from None
         try:
             held.deliver()
-            container.start()
+            try:
+                container.start()
+            except docker.errors.APIError as exc:  # a program the image lacks ends here: no exit code
+                raise EngineError(f"could not run {command[0]} in {image}: {exc.explanation}") from None
             code = int(container.wait(timeout=timeout_s).get("StatusCode", -1))
             out: bytes = container.logs(stdout=True, stderr=False)
             if code != 0:
@@ -651,10 +654,12 @@ class Engine:
         environment: Mapping[str, str] = {},
         shm_size: str = "1g",
         gpus: bool = False,
+        entrypoint: str | None = None,
     ) -> Iterator[Container]:
         """Start a detached container on the host network (with every GPU when ``gpus``); always
-        remove it on the way out. ``mounts``: host folders, read-only; ``caches``: named volumes,
-        writable, kept after the container (what a server compiles once and reuses)."""
+        remove it on the way out. ``mounts``: host paths, read-only; ``caches``: named volumes,
+        writable, kept after the container (what a server compiles once and reuses); ``entrypoint``:
+        the program run in place of the image's own."""
         volumes = {str(src): {"bind": dst, "mode": "ro"} for src, dst in mounts.items()}
         volumes.update({volume: {"bind": dst, "mode": "rw"} for volume, dst in caches.items()})
         # --init: an init process reaps the server's children (inductor's compile workers), which else
@@ -668,6 +673,8 @@ class Engine:
             shown += ["--volume", f"{volume}:{dst}"]
         for key, value in environment.items():
             shown += ["--env", f"{key}={value}"]
+        if entrypoint is not None:
+            shown += ["--entrypoint", entrypoint]
         log.info(cmd.show([*shown, image, *command]) + "  (SDK)")
         for volume in caches:
             self.cache_volume(volume)
@@ -685,6 +692,7 @@ class Engine:
                     shm_size=shm_size,
                     volumes=volumes,
                     environment=dict(environment),
+                    entrypoint=None if entrypoint is None else [entrypoint],
                     **gpu_options(gpus),
                 )
         except docker.errors.APIError as exc:

@@ -179,9 +179,11 @@ class BurnIn:
 class MultiNode:
     """The check served by a cluster of ``nodes`` nodes with vLLM's own multi-node launch (tensor parallel,
     one rank a node: sparkbuild/verify/multinode.py) in place of one server; every other step of the
-    check (its burn-in among them) runs against the cluster's head."""
+    check (its burn-in among them) runs against the cluster's head. ``launch``: "vllm" (vLLM's own
+    launch, no Ray) or "ray" (a Ray cluster, ``--distributed-executor-backend ray``)."""
 
     nodes: int
+    launch: str = "vllm"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -1152,6 +1154,8 @@ def _checks(doc: Located, defaults_doc: Located, value: Any) -> dict[str, Check]
 # The kinds one server runs (sparkbuild/verify/checkkinds.py), then the one that starts a cluster of its own.
 SERVER_KINDS = ("arithmetic", "needles", "burn_in", "long_generation")
 KIND_NAMES = (*SERVER_KINDS, "multi_node")
+# How a multi_node check forms its cluster: vLLM's own multi-node launch, or Ray (sparkbuild/verify/multinode.py).
+LAUNCHES = ("vllm", "ray")
 # What multi_node sets on every node's command line: a check's serve_args may not set them too.
 CLUSTER_FLAGS = (
     "--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp", "--data-parallel-size", "-dp",
@@ -1189,7 +1193,7 @@ KIND_KEYS: dict[str, dict[str, validate.Validator]] = {
     },
     "needles": {"depths": validate.list_of(_depth), "seed": _whole, "max_tokens": validate.positive_int},
     "burn_in": {"requests": validate.positive_int, "concurrency": validate.positive_int},
-    "multi_node": {"nodes": validate.positive_int},
+    "multi_node": {"nodes": validate.positive_int, "launch": validate.choice(LAUNCHES)},
     "long_generation": {
         "prompt": validate.opt(validate.text),
         "tokens": validate.positive_int,

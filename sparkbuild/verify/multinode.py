@@ -17,6 +17,15 @@ that is the QSFP link; here, the loopback (``lo``, 127.0.0.1): every node is a c
 network namespace, and Gloo (vLLM's CPU communicator) stands in for NCCL. vLLM's shared-memory
 communicator needs its ranks on one host and says in the log that it falls back to torch.distributed,
 so the ranks' traffic goes through the network stack as between two Sparks.
+
+With Ray, where the check asks for it (``multi_node: {launch: ray}``), the cluster is formed as vLLM's own
+``examples/online_serving/run_cluster.sh`` forms it: every node past the head runs ``ray start --block
+--address HEAD:PORT``, the head runs ``ray start --head``, waits for every node (``image/ray_head.py``,
+mounted into the head's container) and then ``vllm serve ... --tensor-parallel-size N
+--distributed-executor-backend ray``: vLLM places one rank on each node through Ray. vLLM's Ray executor
+refuses two nodes at one address ("Every node should have a unique IP address"), so here each node has a
+loopback address of its own (127.0.0.1, 127.0.0.2, ...), and, sharing one machine, ports of its own for
+the Ray daemons whose defaults are fixed.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from typing import Any
 
 from sparkbuild.config.options import Options
 from sparkbuild.errors import EngineError, VerifyError
+from sparkbuild.image import ray_head
 from sparkbuild.oci import jitcache
 from sparkbuild.oci.engine import Container, Engine, ServerState
 from sparkbuild.oci.remote import Node, address, copy_folder, engine_of, has_folder
@@ -47,6 +57,12 @@ LOOPBACK_INTERFACE = "lo"
 # How often the watch looks at every node, and how long a failed request waits for it to see a node stop.
 WATCH_S = 0.5
 SETTLE_S = 10.0
+# Where the head's container finds the Ray launcher, and how long it waits for every node to join.
+RAY_HEAD = "/opt/sparkbuild-ray/ray_head.py"
+RAY_JOIN_S = 300
+# Worker ports a Ray node on a shared machine binds (a Ray worker process holds one each; vLLM runs one
+# a node, and Ray starts a few idle ones beside it).
+RAY_WORKER_PORTS = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,25 +97,72 @@ class Layout:
     api_port: int
     interface: str
     addresses: tuple[str, ...]
+    # "vllm" (its own launch) or "ray"; with Ray, master_port is the head's Ray port (GCS).
+    launch: str = "vllm"
+    # Ray with every node on this machine: each node's own ``ray start`` options (shared_machine).
+    ray_own: tuple[tuple[str, ...], ...] = ()
+    # Ray: how long the head waits for every node to join with a GPU before it gives up, naming what is missing.
+    ray_join_s: float = RAY_JOIN_S
 
 
-def loopback(nodes: int, *, master_port: int | None = None, api_port: int | None = None) -> Layout:
-    """The layout of a cluster on this machine's loopback, with free ports unless given."""
+def loopback(nodes: int, *, master_port: int | None = None, api_port: int | None = None, launch: str = "vllm") -> Layout:
+    """The layout of a cluster on this machine's loopback, with free ports unless given. With Ray, each node
+    its own loopback address (vLLM's Ray executor refuses two nodes at one) and Ray ports."""
+    ray = launch == "ray"
     return Layout(
         nodes=nodes,
-        master_addr=LOOPBACK,
+        master_addr="127.0.0.2" if ray else LOOPBACK,
         master_port=master_port if master_port is not None else free_port(),
         api_port=api_port if api_port is not None else free_port(),
         interface=LOOPBACK_INTERFACE,
-        addresses=(LOOPBACK,) * nodes,
+        addresses=tuple(f"127.0.0.{rank + 2}" for rank in range(nodes)) if ray else (LOOPBACK,) * nodes,
+        launch=launch,
+        ray_own=tuple(shared_machine() for _ in range(nodes)) if ray else (),
     )
 
 
+def shared_machine() -> tuple[str, ...]:
+    """``ray start`` options for a node that shares this machine with the others: free ports where Ray's
+    own are fixed (the dashboard agent's 52365, the worker range 10002-19999), so two nodes do not both
+    take them; and one GPU declared, the one a Spark's Ray finds on it, which vLLM places a rank on (here
+    a CPU rank stands in for it: docs/multi-node.md)."""
+    workers = ",".join(str(free_port()) for _ in range(RAY_WORKER_PORTS))
+    return ("--dashboard-agent-listen-port", str(free_port()), "--worker-port-list", workers, "--num-gpus", "1")
+
+
 def node_args(layout: Layout, rank: int) -> list[str]:
-    """The arguments vLLM's multi-node launch takes on node ``rank`` (after the model and serve args)."""
+    """The arguments vLLM takes on node ``rank`` (after the model and serve args): its multi-node launch's,
+    or, with Ray, the head's (the other nodes run Ray, not vLLM)."""
+    if layout.launch == "ray":
+        return ["--tensor-parallel-size", str(layout.nodes), "--distributed-executor-backend", "ray"]
     out = ["--tensor-parallel-size", str(layout.nodes), "--nnodes", str(layout.nodes), "--node-rank", str(rank)]
     out += ["--master-addr", layout.master_addr, "--master-port", str(layout.master_port)]
     return out if rank == 0 else [*out, "--headless"]
+
+
+def ray_start_args(layout: Layout, rank: int, *, dashboard: bool = False) -> list[str]:
+    """``ray start``'s options on node ``rank`` past ``--head`` (the head) or ``start --block`` (the others):
+    its address on the shared link, where the head listens, its own ports on a shared machine."""
+    out = ["--node-ip-address", layout.addresses[rank], "--disable-usage-stats"]
+    if rank == 0:
+        out += ["--port", str(layout.master_port), f"--include-dashboard={str(dashboard).lower()}"]
+    else:
+        out += ["--address", f"{layout.master_addr}:{layout.master_port}"]
+    return out + list(layout.ray_own[rank] if layout.ray_own else ())
+
+
+def ray_head_file() -> Path:
+    """The launcher the head's container runs (mounted at RAY_HEAD)."""
+    return Path(ray_head.__file__)
+
+
+def ray_command(layout: Layout, rank: int, serve: Sequence[str], *, dashboard: bool = False) -> tuple[str, list[str]]:
+    """The entrypoint and command of node ``rank`` with Ray: the head's launcher (Ray's head, every node
+    joined, then ``serve``: the image's entrypoint and the vLLM arguments), or ``ray start --block``."""
+    own = ray_start_args(layout, rank, dashboard=dashboard)
+    if rank == 0:
+        return "python3", [RAY_HEAD, str(layout.nodes), f"{layout.ray_join_s:g}", "--", *own, "--", *serve]
+    return "ray", ["start", "--block", *own]
 
 
 def node_environment(layout: Layout, rank: int) -> dict[str, str]:
@@ -155,6 +218,18 @@ def same_build(places: Sequence[Place]) -> str:
                 f"{head.image} ({ids[0]}): every node must run the same image build; pull the head's digest on every node"
             )
     return ids[0]
+
+
+def has_ray(head: Place) -> None:
+    """The image carries Ray's ``ray`` command (every node runs the same build: asked of the head's)."""
+    try:
+        head.engine.output(head.image, ["ray", "--version"], timeout_s=120)
+    except EngineError as exc:
+        raise VerifyError(
+            f"refused before serving: the check forms its cluster with Ray (multi_node: launch: ray) and {head.image} has "
+            f"no Ray ({exc}): install Ray in the image (the version vLLM asks for: ray[cgraph]>=2.48), or serve the check "
+            "with vLLM's own launch (launch: vllm)"
+        ) from None
 
 
 def model_everywhere(places: Sequence[Place], model: Path) -> None:
@@ -262,6 +337,12 @@ def first_down(stopped: Sequence[tuple[int, Container]]) -> Down:
     return Down(rank=rank, name=node.name, state=node.state())
 
 
+LAUNCH_TEXT = {
+    "vllm": "vLLM's multi-node launch (--nnodes, --node-rank, --master-addr, --headless)",
+    "ray": "Ray (ray start on every node, vllm serve --distributed-executor-backend ray on the head)",
+}
+
+
 @dataclass(frozen=True, kw_only=True)
 class Cluster:
     url: str
@@ -283,7 +364,7 @@ class Cluster:
         n = self.layout.nodes
         return {
             "nodes": n,
-            "launch": "vLLM's multi-node launch (--nnodes, --node-rank, --master-addr, --headless)",
+            "launch": LAUNCH_TEXT[self.layout.launch],
             "parallel": f"tensor parallel, {n} ranks, one a node",
             "master": f"{self.layout.master_addr}:{self.layout.master_port}",
             "interface": self.layout.interface,
@@ -293,9 +374,10 @@ class Cluster:
         }
 
 
-def over_ssh(nodes: int, hosts: Sequence[Node], interface: str) -> tuple[Layout, list[Node]]:
+def over_ssh(nodes: int, hosts: Sequence[Node], interface: str, *, launch: str = "vllm") -> tuple[Layout, list[Node]]:
     """The layout of a cluster whose head is this machine and whose other nodes are ``hosts`` (the first
-    ``nodes - 1``), meeting on ``interface``: each node's address there, the head's the master's."""
+    ``nodes - 1``), meeting on ``interface``: each node's address there, the head's the master's (with
+    Ray, each node a machine of its own: Ray's default ports)."""
     if len(hosts) < nodes - 1:
         raise VerifyError(f"a cluster of {nodes} nodes needs {nodes - 1} other machine(s) besides this one; {len(hosts)} given")
     every = [Node(host=None), *hosts[: nodes - 1]]
@@ -307,6 +389,7 @@ def over_ssh(nodes: int, hosts: Sequence[Node], interface: str) -> tuple[Layout,
         api_port=free_port(),
         interface=interface,
         addresses=addresses,
+        launch=launch,
     )
     return layout, every
 
@@ -339,6 +422,8 @@ def cluster(
     every node removed."""
     present_everywhere(places)
     identity = same_build(places)
+    if layout.launch == "ray":
+        has_ray(places[0])
     model_everywhere(places, model.resolve())
     port_free(layout.master_addr, layout.master_port, "where the head meets its nodes (vLLM's --master-port)")
     port_free(LOOPBACK, layout.api_port, "the head's OpenAI API")
@@ -351,16 +436,23 @@ def cluster(
             command = ["/model", *check.serve_args, *node_args(layout, rank)]
             if rank == 0:
                 command[1:1] = ["--host", LOOPBACK, "--port", str(layout.api_port), "--served-model-name", model_name]
+            entrypoint, mounts = None, {model.resolve(): "/model"}
+            if layout.launch == "ray":
+                serve = [*place.engine.inspect(place.image)["Config"]["Entrypoint"], *command]
+                entrypoint, command = ray_command(layout, rank, serve)
+                if rank == 0:
+                    mounts[ray_head_file()] = RAY_HEAD
             environment = {**jitcache.environment(), **node_environment(layout, rank)}
             node = stack.enter_context(
                 place.engine.run(
                     place.image,
                     command,
                     name=f"sparkbuild-node-{token}-{rank}",
-                    mounts={model.resolve(): "/model"},
+                    mounts=mounts,
                     caches=caches,
                     environment=environment,
                     gpus=gpus,
+                    entrypoint=entrypoint,
                 )
             )
             stack.callback(_keep_log, node, logs_of(folder, len(places))[rank])

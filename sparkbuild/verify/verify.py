@@ -242,9 +242,10 @@ def serve_cluster(
         raise ValueError(f"check {check.name} names no multi_node")
     folder = result_file.parent
     if peers is not None and peers.hosts:
-        layout, machines = multinode.over_ssh(settings.nodes, peers.nodes(), peers.interface)
+        layout, machines = multinode.over_ssh(settings.nodes, peers.nodes(), peers.interface, launch=settings.launch)
     else:
-        layout, machines = layout or multinode.loopback(settings.nodes), [Node(host=None)] * settings.nodes
+        layout = layout or multinode.loopback(settings.nodes, launch=settings.launch)
+        machines = [Node(host=None)] * settings.nodes
     with (
         multinode.places(engine, image, machines, images) as places,
         multinode.cluster(

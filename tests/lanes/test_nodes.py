@@ -8,8 +8,9 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from sparkbuild.lanes import nodes
+from sparkbuild.lanes import launch, nodes
 from sparkbuild.oci.remote import Node
+from sparkbuild.verify import multinode
 
 # Debian bookworm's logind.conf, as `systemd-analyze cat-config systemd/logind.conf` prints it (abridged).
 DEBIAN = """\
@@ -58,3 +59,70 @@ def test_a_program_this_machine_lacks_answers_as_a_shell_over_ssh_would() -> Non
     done = Node(host=None).run(["sparkbuild-no-such-program", "--version"], check=False)
     assert done.returncode == 127 and "command not found" in done.stderr
     assert nodes.remove_ipc(done).ok is True
+
+
+# --- Ray (``run --node --launch ray``; verify's ``multi_node: {launch: ray}``) ----------------------------
+
+SERVE_WRAPPER = ["python3", "/opt/sparkbuild/serve_defaults.py", "/opt/sparkbuild/serve-defaults.json", "vllm", "serve"]
+
+
+def spark_pair(launch_with: str = "ray") -> tuple[nodes.Cluster, multinode.Layout]:
+    spec = launch.Launch(image="ghcr.io/o/vllm-spark@sha256:" + "a" * 64, model="org/model", args=("--max-model-len", "8192"))
+    cluster = nodes.Cluster(launch=spec, nodes=(Node(host="spark-b"),), interface="enp1s0f1np1", launch_with=launch_with)
+    layout = multinode.Layout(
+        nodes=2,
+        master_addr="192.168.100.10",
+        master_port=cluster.port,
+        api_port=8000,
+        interface="enp1s0f1np1",
+        addresses=("192.168.100.10", "192.168.100.11"),
+        launch=launch_with,
+    )
+    return cluster, layout
+
+
+def test_with_ray_the_head_starts_rays_head_then_the_images_own_entrypoint_with_rays_executor() -> None:
+    cluster, layout = spark_pair()
+    assert cluster.port == 6379  # Ray's own head port; vLLM's launch meets on 29501
+    assert nodes.Cluster(launch=cluster.launch, nodes=(), interface="x").port == 29501
+    args = nodes.node_command(cluster, layout, 0, "sparkbuild-cluster-1-0", True, SERVE_WRAPPER)
+    image = args.index(cluster.launch.image)
+    assert args[image - 2 : image] == ["--entrypoint", "python3"]
+    assert f"{multinode.ray_head_file()}:{multinode.RAY_HEAD}:ro" in args and "--gpus" in args
+    assert args[image + 1 : image + 4] == [multinode.RAY_HEAD, "2", f"{multinode.RAY_JOIN_S:g}"]
+    start, serve = args[image + 5 : args.index("--", image + 5)], args[args.index("--", image + 5) + 1 :]
+    assert start == ["--node-ip-address", "192.168.100.10", "--disable-usage-stats", "--port", "6379", "--include-dashboard=true"]
+    assert serve == [*SERVE_WRAPPER, "org/model", "--port", "8000", "--max-model-len", "8192",
+                     "--tensor-parallel-size", "2", "--distributed-executor-backend", "ray"]  # fmt: skip
+    environment = [args[i + 1] for i, a in enumerate(args) if a == "--env"]
+    assert {"VLLM_HOST_IP=192.168.100.10", "NCCL_SOCKET_IFNAME=enp1s0f1np1", "GLOO_SOCKET_IFNAME=enp1s0f1np1"} <= set(environment)
+
+
+def test_with_ray_every_other_node_runs_ray_alone_joined_to_the_head() -> None:
+    cluster, layout = spark_pair()
+    args = nodes.node_command(cluster, layout, 1, "sparkbuild-cluster-1-1", True, SERVE_WRAPPER)
+    image = args.index(cluster.launch.image)
+    assert args[image - 2 : image] == ["--entrypoint", "ray"]
+    assert args[image + 1 :] == ["start", "--block", "--node-ip-address", "192.168.100.11", "--disable-usage-stats",
+                                 "--address", "192.168.100.10:6379"]  # fmt: skip
+    assert not any(multinode.RAY_HEAD in a for a in args)  # the launcher is the head's alone
+    assert "VLLM_HOST_IP=192.168.100.11" in args
+
+
+def test_on_one_machine_each_ray_node_has_its_own_address_ports_and_one_gpu() -> None:
+    """Two Ray nodes on this machine's loopback (the rehearsal): vLLM's Ray executor refuses two nodes at one
+    address, and Ray's dashboard agent port and worker range are fixed by default."""
+    layout = multinode.loopback(2, launch="ray")
+    assert layout.addresses == ("127.0.0.2", "127.0.0.3") and layout.master_addr == "127.0.0.2"
+    assert multinode.loopback(2).addresses == ("127.0.0.1", "127.0.0.1")  # vLLM's own launch: one address is fine
+    head, worker = (multinode.ray_start_args(layout, rank) for rank in (0, 1))
+    assert head[:6] == ["--node-ip-address", "127.0.0.2", "--disable-usage-stats", "--port", str(layout.master_port),
+                        "--include-dashboard=false"]  # fmt: skip
+    meet = f"127.0.0.2:{layout.master_port}"
+    assert worker[:5] == ["--node-ip-address", "127.0.0.3", "--disable-usage-stats", "--address", meet]
+    for own in (head, worker):
+        assert own[own.index("--num-gpus") + 1] == "1"
+        assert len(own[own.index("--worker-port-list") + 1].split(",")) == multinode.RAY_WORKER_PORTS
+    agents = {own[own.index("--dashboard-agent-listen-port") + 1] for own in (head, worker)}
+    assert len(agents) == 2 and "52365" not in agents
+    assert multinode.node_args(layout, 0) == ["--tensor-parallel-size", "2", "--distributed-executor-backend", "ray"]

@@ -3,7 +3,7 @@ and the second node is reached over SSH as a second Spark is (tests/support/sshn
 container on the loopback whose ``docker`` drives this machine's engine). The local image serves the MoE
 check model across both, tensor parallel, every address the loopback (``--interface lo``); Ctrl-C removes
 every node. And the faults a user meets, each one message with nothing started anywhere: a node SSH cannot
-reach, an interface a node lacks, a second run on the same nodes."""
+reach, an interface a node lacks, a second run on the same nodes, ``--launch ray`` with an image without Ray."""
 
 from __future__ import annotations
 
@@ -139,6 +139,16 @@ def test_an_interface_a_node_lacks_is_one_message_and_nothing_starts(
         error = failing(run(local_image, moe, node, own, "--interface", "nosuch0"))
     assert "--interface nosuch0: this machine has no IPv4 address on it" in error, error
     assert created.events == []
+
+
+def test_ray_with_an_image_without_ray_is_one_message_and_no_node_starts(
+    engine: Engine, local_image: str, moe: Path, node: sshnode.SshNode, own: list[str]
+) -> None:
+    """``--launch ray``: the image is asked for Ray (one container, this machine's) before any node starts."""
+    error = failing(run(local_image, moe, node, own, "--interface", "lo", "--launch", "ray", *VLLM))
+    assert f"--launch ray: {local_image} has no Ray" in error and 'exec: "ray": executable file not found' in error, error
+    assert "serve it with vLLM's own launch (leave --launch out)" in error
+    assert cluster_containers(engine) == []
 
 
 def test_a_second_run_on_the_same_nodes_is_refused_naming_the_first(

@@ -354,6 +354,11 @@ def test_a_kind_named_takes_the_defaults_for_what_it_does_not_set(write_matrix: 
             "multi_node",
             "kinds.multi_node: give a check served across nodes bench: false",
         ),
+        (
+            "      multi_node: {launch: rays}\n      burn_in: {}",
+            "launch",
+            "multi_node.launch: 'rays' is not one of vllm, ray. Perhaps you meant 'ray'?",
+        ),
     ],
 )
 def test_a_bad_kind_setting_names_its_file_line_and_key(write_matrix: MatrixWriter, kinds: str, at: str, message: str) -> None:
@@ -384,7 +389,18 @@ def test_a_check_served_across_nodes_leaves_the_cluster_flags_to_it(write_matrix
             body.replace("serve_args: [--tensor-parallel-size=2, --headless]", "serve_args: []") + LOCAL, with_checks=False
         )
     )
-    assert own.checks["alphabet"].kinds.multi_node == matrix.MultiNode(nodes=2)
+    assert own.checks["alphabet"].kinds.multi_node == matrix.MultiNode(nodes=2, launch="vllm")
+    ray = body.replace("serve_args: [--tensor-parallel-size=2, --headless]", "serve_args: []").replace(
+        "multi_node: {nodes: 2}", "multi_node: {nodes: 2, launch: ray}"
+    )
+    assert matrix.load(write_matrix(ray + LOCAL, with_checks=False)).checks["alphabet"].kinds.multi_node == matrix.MultiNode(
+        nodes=2, launch="ray"
+    )
+    # With Ray, vLLM's executor is set by the launch too.
+    ray_own = ray.replace("serve_args: []", "serve_args: [--distributed-executor-backend, mp]")
+    assert "the check's serve_args set --distributed-executor-backend, which multi_node sets" in error_of(
+        write_matrix(ray_own + LOCAL, with_checks=False)
+    )
 
 
 def test_the_shipped_real_model_checks_run_every_server_kind_and_the_alphabet_the_two_it_can_answer() -> None:

@@ -14,12 +14,35 @@ Spark owners meet with two boxes, made for real and caught for its reason:
 - a port the cluster cannot bind (held by another socket): refused before any node starts, naming it;
 - a node that has no copy of the check's model at the same path, or that ssh cannot reach: refused before
   any node starts, naming the node and what to do.
+
+Last below, the same check with its cluster formed with Ray (``multi_node: {launch: ray}``, issue 40: "Ray
+where a user asks for it"), as vLLM's ``run_cluster.sh`` forms one: ``ray start --block --address
+HEAD:PORT`` on node 1, ``ray start --head`` on the head, which waits for every node
+(sparkbuild/image/ray_head.py) and then runs the image's own entrypoint with ``--tensor-parallel-size 2
+--distributed-executor-backend ray``; vLLM's Ray executor places rank 1 on node 1. Both nodes are
+containers on this machine's loopback, each at its own address (127.0.0.2 and 127.0.0.3: vLLM's Ray
+executor refuses two nodes at one), with its own ports for Ray's fixed ones.
+
+What the rehearsal swaps, exactly (the image: the local CPU image one layer away, built here):
+- Ray 2.60.0 and its one dependency the CPU image lacks (msgpack) installed from PyPI, each wheel checked
+  against the index's sha256: the local image carries no Ray (the Spark image does: ray[cgraph]);
+- vLLM's CPU platform given a Ray device and a communicator that asks where the ranks run, by a vLLM
+  platform plugin (tests/data/ray_cpu: why each), and each Ray node told it has one GPU (``--num-gpus
+  1``), a Spark's one. vLLM's CPU platform does not run under Ray at all without it: built without the
+  plugin, the same cluster ends with vLLM's "current platform cpu does not support ray".
+Everything else is the code a Spark pair runs: sparkbuild's launch, Ray's, vLLM's executor and server.
+
+Faults, made for real: a node whose GPU Ray does not see (its ``ray start`` without the GPU, as a node's
+container started without ``--gpus all``) fails the head naming the node; an image without Ray is refused
+before any node starts.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import platform
+import shutil
 import socket
 import threading
 import time
@@ -29,9 +52,11 @@ from pathlib import Path
 
 import pytest
 
+from sparkbuild.config.options import Options
 from sparkbuild.errors import EngineError, VerifyError
 from sparkbuild.oci.engine import Engine
 from sparkbuild.plan import matrix
+from sparkbuild.upstream import sources
 from sparkbuild.verify import checkmodel, multinode, verify
 from tests.support import ROOT, sshnode
 from tests.support.images import Created, derived_image
@@ -212,3 +237,105 @@ def test_a_node_ssh_cannot_reach_is_refused_naming_it(
         verify.serve_cluster(engine, local_image, shipped(), model, tmp_path / "verify.json", peers=peers(node, "unreachable"))
     assert "cannot reach unreachable over SSH" in str(caught.value) and "Connection refused" in str(caught.value)
     assert created.events == []
+
+
+# --- with Ray ------------------------------------------------------------------------------------
+
+RAY = "2.60.0"
+# The local image's Python (Debian bookworm's), whose wheels these are.
+PYTHON_TAG = "cp311"
+
+
+def with_ray() -> matrix.Check:
+    """The shipped two-node check, its cluster formed with Ray."""
+    shipped = matrix.load(ROOT / "matrix.yaml").checks["moe-alphabet-2node"]
+    assert shipped.kinds.multi_node is not None
+    kinds = dataclasses.replace(shipped.kinds, multi_node=dataclasses.replace(shipped.kinds.multi_node, launch="ray"))
+    return dataclasses.replace(shipped, kinds=kinds)
+
+
+def wheel(project: str, version: str, folder: Path) -> Path:
+    """``project``'s wheel for this machine and the image's Python, from PyPI, its sha256 the index's."""
+    machine = platform.machine()
+    links = sources.index_links(project, suffix=".whl")
+    prefix = f"{project}-{version}-{PYTHON_TAG}-{PYTHON_TAG}-"
+    names = [n for n in links if n.startswith(prefix) and f"manylinux2014_{machine}" in n]
+    assert names, f"no {project} {version} wheel for {PYTHON_TAG} on {machine} in the index"
+    found = sources.fetch(links[names[0]], Options.from_env().cache / "downloads")
+    return Path(shutil.copy(found, folder / names[0]))
+
+
+@pytest.fixture(scope="module")
+def ray_image(engine: Engine, local_image: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    folder = tmp_path_factory.mktemp("ray-image")
+    wheel("ray", RAY, folder)
+    wheel("msgpack", "1.2.4", folder)
+    shutil.copytree(ROOT / "tests" / "data" / "ray_cpu", folder / "ray_cpu")
+    steps = (
+        "COPY *.whl /tmp/wheels/\n"
+        "RUN pip install --no-deps --no-index /tmp/wheels/*.whl && rm -rf /tmp/wheels\n"
+        "COPY ray_cpu/ /tmp/ray_cpu/\n"
+        'RUN cp -r /tmp/ray_cpu/. "$(python3 -c \'import sysconfig; print(sysconfig.get_paths()["purelib"])\')" '
+        "&& rm -rf /tmp/ray_cpu"
+    )
+    return derived_image(engine, local_image, f"sparkbuild-test/ray:{RAY}", steps, folder)
+
+
+def test_the_shipped_check_passes_on_two_nodes_formed_with_ray(
+    engine: Engine, ray_image: str, cache: Path, model: Path, tmp_path: Path
+) -> None:
+    result_file = tmp_path / "verify.json"
+    found = verify.verify_all(engine, ray_image, [with_ray()], result_file, cache=cache)
+    assert not found.failures, found.failures
+    data = json.loads(result_file.read_text())
+    assert data["ok"] and data["cluster"]["nodes"] == 2, data
+    assert data["cluster"]["launch"].startswith("Ray (ray start on every node"), data["cluster"]
+    assert data["cluster"]["master"].startswith("127.0.0.2:")
+    assert [a["received"] for a in data["answers"]] == [p.expect for p in with_ray().prompts]
+    assert data["numbers"] and all(n["ok"] for n in data["numbers"])  # held to the model's own reference
+    assert [k["kind"] for k in data["kinds"]] == ["burn_in"] and data["kinds"][0]["figures"]["right"] == 42
+    head, worker = ((tmp_path / verify.MULTI_NODE_DIR / f"node-{rank}.log").read_text() for rank in (0, 1))
+    # The head started Ray's head, saw node 1 join with its GPU, then served with vLLM's Ray executor.
+    assert "ray_head: 2 of 2 nodes joined: 127.0.0.2 (1 GPU), 127.0.0.3 (1 GPU)" in head
+    assert "--tensor-parallel-size 2 --distributed-executor-backend ray" in head
+    # Node 1 ran Ray, not vLLM's server, at its own address; vLLM's rank 1 ran there, in its Ray worker
+    # (whose log Ray sends to the driver, the head), and the ranks talked over the loopback, not through
+    # shared memory.
+    assert "Local node IP: 127.0.0.3" in worker and "Ray runtime started" in worker
+    assert "ip=127.0.0.3" in head and "TP rank 1" in head
+    assert "CPU SHM communicator disabled for group tp:0" in head
+
+
+def test_a_node_whose_gpu_ray_does_not_see_fails_the_head_naming_it(
+    engine: Engine, ray_image: str, model: Path, tmp_path: Path
+) -> None:
+    """Node 1's ``ray start`` without its GPU, as a node whose container was started without ``--gpus all``:
+    the head waits for it (bounded: 20 s here), then ends naming the node and what to do."""
+    layout = multinode.loopback(2, launch="ray")
+    own = list(layout.ray_own[1])
+    del own[own.index("--num-gpus") : own.index("--num-gpus") + 2]
+    layout = dataclasses.replace(layout, ray_own=(layout.ray_own[0], tuple(own)), ray_join_s=20)
+    with pytest.raises(VerifyError) as caught:
+        verify.serve_cluster(engine, ray_image, with_ray(), model, tmp_path / "verify.json", layout=layout)
+    error = str(caught.value)
+    assert "exited (code 4) before it was healthy" in error, error
+    head = (tmp_path / verify.MULTI_NODE_DIR / "node-0.log").read_text()
+    assert "ray_head: 2 of 2 nodes joined: 127.0.0.2 (1 GPU), 127.0.0.3 (0 GPU)" in head
+    assert "ray_head: after 20s, no GPU in Ray's resources on 127.0.0.3: vLLM places one rank on each node's GPU" in head
+    assert "docker run --gpus all" in head and "ray_head: after 20s, no GPU" in error
+
+
+def test_an_image_without_ray_is_refused_before_any_node_starts(
+    engine: Engine, local_image: str, model: Path, tmp_path: Path
+) -> None:
+    with Created(engine, local_image) as created, pytest.raises(VerifyError) as caught:
+        verify.serve_cluster(engine, local_image, with_ray(), model, tmp_path / "verify.json")
+    error = str(caught.value)
+    refused = "refused before serving: the check forms its cluster with Ray (multi_node: launch: ray)"
+    assert f"{refused} and {local_image} has no Ray" in error, error
+    assert 'exec: "ray": executable file not found' in error, error
+    # The one container made from it asked for Ray; no node started.
+    # The one container made from it asked for Ray; no node started (this module's tests run one at a time,
+    # and no other module starts cluster nodes).
+    names = [event["Actor"]["Attributes"]["name"] for event in created.events]
+    assert not any(name.startswith("sparkbuild-node-") for name in names), names
