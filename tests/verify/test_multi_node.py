@@ -58,7 +58,7 @@ from sparkbuild.oci.engine import Engine
 from sparkbuild.plan import matrix
 from sparkbuild.upstream import sources
 from sparkbuild.verify import checkmodel, multinode, verify
-from tests.support import ROOT, sshnode
+from tests.support import ROOT, leftovers, sshnode
 from tests.support.images import Created, derived_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -278,7 +278,9 @@ def ray_image(engine: Engine, local_image: str, tmp_path_factory: pytest.TempPat
         'RUN cp -r /tmp/ray_cpu/. "$(python3 -c \'import sysconfig; print(sysconfig.get_paths()["purelib"])\')" '
         "&& rm -rf /tmp/ray_cpu"
     )
-    return derived_image(engine, local_image, f"sparkbuild-test/ray:{RAY}", steps, folder)
+    # Its layers' records are kept for the next session (Ray installed: about 20 s to make again each time).
+    with leftovers.kept_for_next_session(engine, "ray-image"):
+        return derived_image(engine, local_image, f"sparkbuild-test/ray:{RAY}", steps, folder)
 
 
 def test_the_shipped_check_passes_on_two_nodes_formed_with_ray(
