@@ -24,8 +24,9 @@ With Ray, where the check asks for it (``multi_node: {launch: ray}``), the clust
 mounted into the head's container) and then ``vllm serve ... --tensor-parallel-size N
 --distributed-executor-backend ray``: vLLM places one rank on each node through Ray. vLLM's Ray executor
 refuses two nodes at one address ("Every node should have a unique IP address"), so here each node has a
-loopback address of its own (127.0.0.1, 127.0.0.2, ...), and, sharing one machine, ports of its own for
-the Ray daemons whose defaults are fixed.
+loopback address of its own (127.0.0.2, 127.0.0.3, ...: Ray registers a node asked to use 127.0.0.1 at the
+host's own LAN address, measured), and, sharing one machine, ports of its own for the Ray daemons whose
+defaults are fixed.
 """
 
 from __future__ import annotations
@@ -109,13 +110,14 @@ def loopback(nodes: int, *, master_port: int | None = None, api_port: int | None
     """The layout of a cluster on this machine's loopback, with free ports unless given. With Ray, each node
     its own loopback address (vLLM's Ray executor refuses two nodes at one) and Ray ports."""
     ray = launch == "ray"
+    addresses = tuple(f"127.0.0.{rank + 2}" for rank in range(nodes)) if ray else (LOOPBACK,) * nodes
     return Layout(
         nodes=nodes,
-        master_addr="127.0.0.2" if ray else LOOPBACK,
+        master_addr=addresses[0],
         master_port=master_port if master_port is not None else free_port(),
         api_port=api_port if api_port is not None else free_port(),
         interface=LOOPBACK_INTERFACE,
-        addresses=tuple(f"127.0.0.{rank + 2}" for rank in range(nodes)) if ray else (LOOPBACK,) * nodes,
+        addresses=addresses,
         launch=launch,
         ray_own=tuple(shared_machine() for _ in range(nodes)) if ray else (),
     )
@@ -425,7 +427,8 @@ def cluster(
     if layout.launch == "ray":
         has_ray(places[0])
     model_everywhere(places, model.resolve())
-    port_free(layout.master_addr, layout.master_port, "where the head meets its nodes (vLLM's --master-port)")
+    meets = "Ray's head port, ray start --port" if layout.launch == "ray" else "vLLM's --master-port"
+    port_free(layout.master_addr, layout.master_port, f"where the head meets its nodes ({meets})")
     port_free(LOOPBACK, layout.api_port, "the head's OpenAI API")
     caches = jitcache.for_image(identity)
     token = secrets.token_hex(4)
