@@ -286,12 +286,18 @@ class Engine:
             self.client = (
                 docker.from_env(timeout=600) if base_url is None else docker.DockerClient(base_url=base_url, timeout=600)
             )
+        except docker.errors.DockerException as exc:
+            raise no_answer(exc, base_url, where) from None
+        try:
             self.client.ping()
         except docker.errors.DockerException as exc:
-            if base_url is not None:
-                raise EngineError(f"{where or base_url} does not answer ({exc}): is Docker running there?") from None
-            raise EngineError(f"no Docker engine answers ({exc}); {ENGINE_HELP}") from None
+            self.client.close()  # the connection it tried, let go of
+            raise no_answer(exc, base_url, where) from None
         self._cli: BuildCli | None = None
+
+    def close(self) -> None:
+        """Let go of the engine's connections (an engine reached for a while: another machine's, or a test's)."""
+        self.client.close()
 
     @property
     def cli(self) -> BuildCli:
@@ -734,6 +740,13 @@ class Engine:
                 f"could not remove the container {name}: {exc.explanation}; remove it by hand (docker rm --force {name}) "
                 "once the engine lets go of it"
             ) from None
+
+
+def no_answer(exc: Exception, base_url: str | None, where: str) -> EngineError:
+    """An engine that does not answer: this machine's (what to do), or the one at ``base_url``."""
+    if base_url is not None:
+        return EngineError(f"{where or base_url} does not answer ({exc}): is Docker running there?")
+    return EngineError(f"no Docker engine answers ({exc}); {ENGINE_HELP}")
 
 
 def _count_layer(event: dict[str, Any], layers: dict[str, str]) -> None:

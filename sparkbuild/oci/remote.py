@@ -139,10 +139,14 @@ def engine_of(node: Node) -> Iterator[Engine]:
         errors = Path(tmp) / "ssh.err"
         with errors.open("w") as stderr:
             tunnel = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
+        engine: Engine | None = None
         try:
             _wait_forwarded(node, tunnel, local, errors)
-            yield Engine(base_url=f"unix://{local}", where=f"{node.host}'s engine ({REMOTE_SOCKET}, forwarded over ssh)")
+            engine = Engine(base_url=f"unix://{local}", where=f"{node.host}'s engine ({REMOTE_SOCKET}, forwarded over ssh)")
+            yield engine
         finally:
+            if engine is not None:
+                engine.close()
             tunnel.terminate()
             tunnel.wait()
 

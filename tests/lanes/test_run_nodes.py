@@ -3,7 +3,8 @@ and the second node is reached over SSH as a second Spark is (tests/support/sshn
 container on the loopback whose ``docker`` drives this machine's engine). The local image serves the MoE
 check model across both, tensor parallel, every address the loopback (``--interface lo``); Ctrl-C removes
 every node. And the faults a user meets, each one message with nothing started anywhere: a node SSH cannot
-reach, an interface a node lacks, a second run on the same nodes, ``--launch ray`` with an image without Ray."""
+reach, an interface a node lacks, a second run on the same nodes, a node without the image (its machine
+an engine of its own), ``--launch ray`` with an image without Ray."""
 
 from __future__ import annotations
 
@@ -148,6 +149,21 @@ def test_ray_with_an_image_without_ray_is_one_message_and_no_node_starts(
     error = failing(run(local_image, moe, node, own, "--interface", "lo", "--launch", "ray", *VLLM))
     assert f"--launch ray: {local_image} has no Ray" in error and 'exec: "ray": executable file not found' in error, error
     assert "serve it with vLLM's own launch (leave --launch out)" in error
+    assert cluster_containers(engine) == []
+
+
+def test_a_node_without_the_image_is_one_message_and_nothing_starts(
+    engine: Engine, base: str, local_image: str, moe: Path, own: list[str], tmp_path: Path
+) -> None:
+    """The node's machine has an engine of its own that has never seen the image (sshnode.second_engine)."""
+    with sshnode.second_engine() as socket_path:
+        image = sshnode.image(engine, base, tmp_path / "image")
+        with sshnode.running(engine, image, tmp_path, [moe.resolve().parent], docker_socket=socket_path) as bare:
+            error = failing(run(local_image, moe, bare, own, "--interface", "lo", *VLLM))
+            its_engine = Engine(base_url=f"unix://{socket_path}")
+            assert its_engine.client.containers.list(all=True) == []
+            its_engine.close()
+    assert f"node-b has no image {local_image}: pull it there first (docker pull {local_image})" in error, error
     assert cluster_containers(engine) == []
 
 

@@ -230,6 +230,35 @@ def test_a_node_where_the_model_cannot_be_copied_is_refused_before_any_node_star
     assert created.events == []
 
 
+@pytest.fixture(scope="module")
+def bare_node(
+    engine: Engine, node_image: str, model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[sshnode.SshNode, Engine]]:
+    """A second machine with an engine of its own, empty (tests/support/sshnode.py: ``second_engine``)."""
+    with sshnode.second_engine() as socket_path:
+        folder = tmp_path_factory.mktemp("bare-node")
+        with sshnode.running(engine, node_image, folder, [model.resolve().parent], docker_socket=socket_path) as found:
+            its_engine = Engine(base_url=f"unix://{socket_path}", where="the second engine")
+            yield found, its_engine
+            its_engine.close()
+
+
+def test_a_node_without_the_image_and_no_digest_to_pull_it_by_is_refused_before_any_node_starts(
+    engine: Engine, local_image: str, model: Path, bare_node: tuple[sshnode.SshNode, Engine], tmp_path: Path
+) -> None:
+    """The node's machine has its own engine, which has never seen the image; a local build names no digest
+    (a nightly verifies by digest, and the node pulls it). Nothing starts on either machine."""
+    node, its_engine = bare_node
+    with Created(engine, local_image) as created, pytest.raises(VerifyError) as caught:
+        verify.serve_cluster(engine, local_image, shipped(), model, tmp_path / "verify.json", peers=peers(node))
+    error = str(caught.value)
+    assert f"refused before serving: node 1 (on {node.host}) has no image {local_image}, and the reference names no digest" in (
+        error
+    ), error
+    assert f"docker save {local_image} | ssh {node.host} docker load" in error
+    assert created.events == [] and its_engine.client.containers.list(all=True) == []
+
+
 def test_a_node_ssh_cannot_reach_is_refused_naming_it(
     engine: Engine, local_image: str, model: Path, node: sshnode.SshNode, tmp_path: Path
 ) -> None:
