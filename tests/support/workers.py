@@ -115,7 +115,9 @@ def turn(config: pytest.Config, alone: bool) -> Iterator[None]:
 # module not named keeps its place after them.
 LONGEST_FIRST = (
     "tests/lanes/test_rehearsal.py",  # 605
+    "tests/verify/test_multi_node.py",  # 290 (measured in parts, 2026-12-07: its Ray tests about 130)
     "tests/lanes/test_nightly.py",  # 220
+    "tests/lanes/test_run_nodes.py",  # 130
     "tests/verify/test_broken_kernels.py",  # 115
     "tests/verify/test_wears_out.py",  # 115
     "tests/verify/test_moe_serving.py",  # 90
