@@ -147,7 +147,7 @@ def node_command(
     serve = [model, *api, *spec.args, *multinode.node_args(layout, rank)]
     if layout.launch != "ray":
         return [*options, spec.image, *serve]
-    program, command = multinode.ray_command(layout, rank, [*entrypoint, *serve], dashboard=True)
+    program, command = multinode.ray_command(layout, rank, [*entrypoint, *serve], dashboard=None)
     if rank == 0:
         options += ["--volume", f"{multinode.ray_head_file()}:{multinode.RAY_HEAD}:ro"]
     return [*options, "--entrypoint", program, spec.image, *command]

@@ -142,12 +142,16 @@ def node_args(layout: Layout, rank: int) -> list[str]:
     return out if rank == 0 else [*out, "--headless"]
 
 
-def ray_start_args(layout: Layout, rank: int, *, dashboard: bool = False) -> list[str]:
+def ray_start_args(layout: Layout, rank: int, *, dashboard: bool | None = False) -> list[str]:
     """``ray start``'s options on node ``rank`` past ``--head`` (the head) or ``start --block`` (the others):
-    its address on the shared link, where the head listens, its own ports on a shared machine."""
+    its address on the shared link, where the head listens, its own ports on a shared machine. ``dashboard``
+    None leaves it to Ray: on where the image has its packages (``ray[default]``); Ray refuses to start
+    when asked for it without them ("Cannot include dashboard with missing packages"), and the Spark image
+    carries ``ray[cgraph]``."""
     out = ["--node-ip-address", layout.addresses[rank], "--disable-usage-stats"]
     if rank == 0:
-        out += ["--port", str(layout.master_port), f"--include-dashboard={str(dashboard).lower()}"]
+        out += ["--port", str(layout.master_port)]
+        out += [] if dashboard is None else [f"--include-dashboard={str(dashboard).lower()}"]
     else:
         out += ["--address", f"{layout.master_addr}:{layout.master_port}"]
     return out + list(layout.ray_own[rank] if layout.ray_own else ())
@@ -158,7 +162,7 @@ def ray_head_file() -> Path:
     return Path(ray_head.__file__)
 
 
-def ray_command(layout: Layout, rank: int, serve: Sequence[str], *, dashboard: bool = False) -> tuple[str, list[str]]:
+def ray_command(layout: Layout, rank: int, serve: Sequence[str], *, dashboard: bool | None = False) -> tuple[str, list[str]]:
     """The entrypoint and command of node ``rank`` with Ray: the head's launcher (Ray's head, every node
     joined, then ``serve``: the image's entrypoint and the vLLM arguments), or ``ray start --block``."""
     own = ray_start_args(layout, rank, dashboard=dashboard)

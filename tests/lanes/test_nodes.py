@@ -91,7 +91,8 @@ def test_with_ray_the_head_starts_rays_head_then_the_images_own_entrypoint_with_
     assert f"{multinode.ray_head_file()}:{multinode.RAY_HEAD}:ro" in args and "--gpus" in args
     assert args[image + 1 : image + 4] == [multinode.RAY_HEAD, "2", f"{multinode.RAY_JOIN_S:g}"]
     start, serve = args[image + 5 : args.index("--", image + 5)], args[args.index("--", image + 5) + 1 :]
-    assert start == ["--node-ip-address", "192.168.100.10", "--disable-usage-stats", "--port", "6379", "--include-dashboard=true"]
+    # The dashboard is Ray's own choice: asked for without ray[default] (the Spark image has ray[cgraph]), Ray refuses to start.
+    assert start == ["--node-ip-address", "192.168.100.10", "--disable-usage-stats", "--port", "6379"]
     assert serve == [*SERVE_WRAPPER, "org/model", "--port", "8000", "--max-model-len", "8192",
                      "--tensor-parallel-size", "2", "--distributed-executor-backend", "ray"]  # fmt: skip
     environment = [args[i + 1] for i, a in enumerate(args) if a == "--env"]
