@@ -361,9 +361,13 @@ class Cluster:
     machines: tuple[str, ...] = ()
 
     def stopped(self) -> str | None:
-        """Why the cluster cannot serve while it starts: a node that stopped (None while every node runs)."""
+        """Why the cluster cannot serve while it starts: a node that stopped, with its last log lines where its
+        engine still answers (None while every node runs)."""
         down = self.watch.down
-        return None if down is None else f"a node stopped before the cluster served: {down.text()}"
+        if down is None:
+            return None
+        why = f"a node stopped before the cluster served: {down.text()}"
+        return why if down.state is None else f"{why}; its last log lines:\n{self.nodes[down.rank].logs(40)}"
 
     def describe(self, logs: Path) -> dict[str, Any]:
         """The cluster in the check's result."""

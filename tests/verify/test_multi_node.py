@@ -348,8 +348,8 @@ def test_a_node_whose_gpu_ray_does_not_see_fails_the_head_naming_it(
     layout = dataclasses.replace(layout, ray_own=(layout.ray_own[0], tuple(own)), ray_join_s=20)
     with pytest.raises(VerifyError) as caught:
         verify.serve_cluster(engine, ray_image, with_ray(), model, tmp_path / "verify.json", layout=layout)
-    error = str(caught.value)
-    assert "exited (code 4) before it was healthy" in error, error
+    error = str(caught.value)  # the watch or the health wait saw the head end first: either names it, with its log
+    assert "exited with code 4" in error or "the server exited (code 4)" in error, error
     head = (tmp_path / verify.MULTI_NODE_DIR / "node-0.log").read_text()
     assert "ray_head: 2 of 2 nodes joined: 127.0.0.2 (1 GPU), 127.0.0.3 (0 GPU)" in head
     assert "ray_head: after 20s, no GPU in Ray's resources on 127.0.0.3: vLLM places one rank on each node's GPU" in head
