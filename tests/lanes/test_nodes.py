@@ -8,6 +8,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
+from sparkbuild.image import ray_head
 from sparkbuild.lanes import launch, nodes
 from sparkbuild.oci.remote import Node
 from sparkbuild.verify import multinode
@@ -127,3 +128,16 @@ def test_on_one_machine_each_ray_node_has_its_own_address_ports_and_one_gpu() ->
     agents = {own[own.index("--dashboard-agent-listen-port") + 1] for own in (head, worker)}
     assert len(agents) == 2 and "52365" not in agents
     assert multinode.node_args(layout, 0) == ["--tensor-parallel-size", "2", "--distributed-executor-backend", "ray"]
+
+
+def test_the_ray_head_names_what_kept_the_cluster_from_serving() -> None:
+    """ray_head.py's two endings after its bound (the one with a GPU missing is served for real in
+    tests/verify/test_multi_node.py): a node that never joined, and the usage it refuses."""
+    never = ray_head.missing(2, {"127.0.0.2": 1.0}, [])
+    assert never.startswith("only 1 of 2 nodes joined the Ray cluster: every other node runs `ray start --address")
+    assert ray_head.missing(2, {"127.0.0.2": 1.0, "127.0.0.3": 0.0}, ["127.0.0.3"]).startswith(
+        "no GPU in Ray's resources on 127.0.0.3"
+    )
+    assert ray_head.main(["2", "300", "--", "--port", "6379"]) == ray_head.USAGE  # no serve command
+    found = ray_head.parse(["2", "30", "--", "--port", "1", "--", "vllm", "serve"])
+    assert found == (2, 30.0, ["--port", "1"], ["vllm", "serve"])
