@@ -6,6 +6,7 @@ of them needs the registry client (requests, tenacity) for that.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import re
 import socket
@@ -55,3 +56,13 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` free ports, all different: each socket is held until every port is chosen (ports asked
+    one at a time may come back twice, as the kernel hands a freed port out again)."""
+    with contextlib.ExitStack() as held:
+        socks = [held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]

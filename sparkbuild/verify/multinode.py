@@ -50,7 +50,7 @@ from sparkbuild.oci.engine import Container, Engine, ServerState
 from sparkbuild.oci.remote import Node, address, copy_folder, engine_of, has_folder
 from sparkbuild.plan.matrix import Check
 from sparkbuild.util import log
-from sparkbuild.util.net import free_port
+from sparkbuild.util.net import free_port, free_ports
 
 # This machine's cluster: every node on the loopback.
 LOOPBACK = "127.0.0.1"
@@ -111,25 +111,28 @@ def loopback(nodes: int, *, master_port: int | None = None, api_port: int | None
     its own loopback address (vLLM's Ray executor refuses two nodes at one) and Ray ports."""
     ray = launch == "ray"
     addresses = tuple(f"127.0.0.{rank + 2}" for rank in range(nodes)) if ray else (LOOPBACK,) * nodes
+    # Every port the cluster takes here, all different (Ray refuses a port two of its parts name).
+    ports = free_ports(2 + (nodes * (1 + RAY_WORKER_PORTS) if ray else 0))
+    own = [ports[2 + rank * (1 + RAY_WORKER_PORTS) :][: 1 + RAY_WORKER_PORTS] for rank in range(nodes)] if ray else []
     return Layout(
         nodes=nodes,
         master_addr=addresses[0],
-        master_port=master_port if master_port is not None else free_port(),
-        api_port=api_port if api_port is not None else free_port(),
+        master_port=master_port if master_port is not None else ports[0],
+        api_port=api_port if api_port is not None else ports[1],
         interface=LOOPBACK_INTERFACE,
         addresses=addresses,
         launch=launch,
-        ray_own=tuple(shared_machine() for _ in range(nodes)) if ray else (),
+        ray_own=tuple(shared_machine(node) for node in own),
     )
 
 
-def shared_machine() -> tuple[str, ...]:
-    """``ray start`` options for a node that shares this machine with the others: free ports where Ray's
-    own are fixed (the dashboard agent's 52365, the worker range 10002-19999), so two nodes do not both
-    take them; and one GPU declared, the one a Spark's Ray finds on it, which vLLM places a rank on (here
-    a CPU rank stands in for it: docs/multi-node.md)."""
-    workers = ",".join(str(free_port()) for _ in range(RAY_WORKER_PORTS))
-    return ("--dashboard-agent-listen-port", str(free_port()), "--worker-port-list", workers, "--num-gpus", "1")
+def shared_machine(ports: Sequence[int]) -> tuple[str, ...]:
+    """``ray start`` options for a node that shares this machine with the others: its own free ``ports``
+    where Ray's are fixed (the dashboard agent's 52365, then the worker range 10002-19999), so two nodes
+    do not both take them; and one GPU declared, the one a Spark's Ray finds on it, which vLLM places a
+    rank on (here a CPU rank stands in for it: docs/multi-node.md)."""
+    workers = ",".join(str(port) for port in ports[1:])
+    return ("--dashboard-agent-listen-port", str(ports[0]), "--worker-port-list", workers, "--num-gpus", "1")
 
 
 def node_args(layout: Layout, rank: int) -> list[str]:

@@ -127,6 +127,13 @@ def test_on_one_machine_each_ray_node_has_its_own_address_ports_and_one_gpu() ->
         assert len(own[own.index("--worker-port-list") + 1].split(",")) == multinode.RAY_WORKER_PORTS
     agents = {own[own.index("--dashboard-agent-listen-port") + 1] for own in (head, worker)}
     assert len(agents) == 2 and "52365" not in agents
+    # Every port the cluster takes is its own: Ray refuses a port two of its parts name (seen in a run: ports
+    # asked one at a time came back twice).
+    taken = [layout.master_port, layout.api_port]
+    for own in (head, worker):
+        taken += [int(own[own.index("--dashboard-agent-listen-port") + 1])]
+        taken += [int(p) for p in own[own.index("--worker-port-list") + 1].split(",")]
+    assert len(taken) == len(set(taken)) == 2 + 2 * (1 + multinode.RAY_WORKER_PORTS)
     assert multinode.node_args(layout, 0) == ["--tensor-parallel-size", "2", "--distributed-executor-backend", "ray"]
 
 
