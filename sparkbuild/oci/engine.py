@@ -613,11 +613,14 @@ class Engine:
         timeout_s: float = 300,
         network: str = "none",
         mounts: Mapping[Path, tuple[str, str]] = {},
+        name: str | None = None,
     ) -> str:
         """Run ``command`` in ``image`` (no network unless ``network`` names one, its entrypoint
-        replaced; ``mounts``: host folder -> (path, "ro" or "rw")) to its end; its stdout. The
-        container is always removed; a non-zero exit is an EngineError with its output."""
+        replaced; ``mounts``: host folder -> (path, "ro" or "rw"); ``name``: the container's, else
+        Docker's own) to its end; its stdout. The container is always removed; a non-zero exit is an
+        EngineError with its output."""
         shown = [f"--volume={src}:{dst}:{mode}" for src, (dst, mode) in mounts.items()]
+        shown += ["--name", name] if name else []
         args = ["docker", "run", "--rm", "--network", network, *shown, "--entrypoint", command[0], image, *command[1:]]
         log.info(cmd.show(args) + "  (SDK)")
         volumes = {str(src): {"bind": dst, "mode": mode} for src, (dst, mode) in mounts.items()}
@@ -625,7 +628,7 @@ class Engine:
         try:
             with held:
                 container = self.client.containers.create(
-                    image, list(command[1:]), entrypoint=[command[0]], network_mode=network, volumes=volumes
+                    image, list(command[1:]), entrypoint=[command[0]], network_mode=network, volumes=volumes, name=name
                 )
         except docker.errors.APIError as exc:
             raise EngineError(f"could not create a container from {image}: {exc.explanation}") from None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import tempfile
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
 PROBE = Path(startup_probe.__file__).name
 # Inside the probe's container.
 MOUNT = "/opt/sparkbuild-startup"
+# The probe's container is named so (and a random suffix): `docker ps` says what it is while it runs.
+PROBE_NAME = "sparkbuild-startup-"
 # The image's entrypoint code and serving defaults (dockerfiles/*/90-runtime.Dockerfile.j2).
 SERVE_DEFAULTS = "/opt/sparkbuild/serve_defaults.py"
 DEFAULTS_JSON = "/opt/sparkbuild/serve-defaults.json"
@@ -240,7 +243,7 @@ def _run_probe(
             command += ["--gb10", f"{MOUNT}/libcuda.so"]
         mounts[folder] = (MOUNT, "ro")
         try:
-            return engine.output(image, command, mounts=mounts, timeout_s=timeout_s)
+            return engine.output(image, command, mounts=mounts, timeout_s=timeout_s, name=f"{PROBE_NAME}{secrets.token_hex(4)}")
         except EngineError as exc:
             raise VerifyError(f"{image}: vLLM's start-up could not be run there: {exc}") from None
 

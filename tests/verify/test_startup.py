@@ -143,7 +143,7 @@ def inputs(cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Inputs:
 @pytest.fixture(scope="module")
 def predicted(engine: Engine, local_image: str, inputs: Inputs) -> startup.Startup:
     # A cache of this module's own: the probe runs here, whatever an earlier session kept.
-    with Created(engine, local_image) as run:
+    with Created(engine, local_image, named=startup.PROBE_NAME) as run:
         found = startup.predict(engine, local_image, inputs.checks, inputs.models, gb10_stub=None, cache=inputs.kept)
     assert run.events  # it ran in a container of the image (what the reuse below must not do)
     return found
@@ -208,7 +208,7 @@ def key_of(engine: Engine, image: str, checks: list[Check], models: dict[str, Pa
 def test_the_same_inputs_again_reuse_the_kept_output_and_start_no_container(
     engine: Engine, local_image: str, inputs: Inputs, predicted: startup.Startup
 ) -> None:
-    with Created(engine, local_image) as run:
+    with Created(engine, local_image, named=startup.PROBE_NAME) as run:
         again = startup.predict(engine, local_image, inputs.checks, inputs.models, gb10_stub=None, cache=inputs.kept)
     assert run.events == []
     assert again == predicted  # judged again by the same rules: the same predictions
