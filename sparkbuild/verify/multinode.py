@@ -176,12 +176,18 @@ def ray_command(layout: Layout, rank: int, serve: Sequence[str], *, dashboard: b
 
 def node_environment(layout: Layout, rank: int) -> dict[str, str]:
     """What every rank on node ``rank`` talks through: its own address (vLLM's message queue) and the
-    interface (Gloo's and NCCL's sockets)."""
-    return {
+    interface (Gloo's and NCCL's sockets). With Ray, every worker's line in the head's log: Ray's
+    driver folds lines of different workers that differ only in numbers ("TP rank 0", "TP rank 1")
+    into one "[repeated 2x across cluster]", so the log verify keeps and a user reads would not say
+    which rank, on which node, logged what (RAY_DEDUP_LOGS, Ray's own switch; seen in a warm run)."""
+    environment = {
         "VLLM_HOST_IP": layout.addresses[rank],
         "GLOO_SOCKET_IFNAME": layout.interface,
         "NCCL_SOCKET_IFNAME": layout.interface,
     }
+    if layout.launch == "ray":
+        environment["RAY_DEDUP_LOGS"] = "0"
+    return environment
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -98,6 +98,10 @@ def test_with_ray_the_head_starts_rays_head_then_the_images_own_entrypoint_with_
                      "--tensor-parallel-size", "2", "--distributed-executor-backend", "ray"]  # fmt: skip
     environment = [args[i + 1] for i, a in enumerate(args) if a == "--env"]
     assert {"VLLM_HOST_IP=192.168.100.10", "NCCL_SOCKET_IFNAME=enp1s0f1np1", "GLOO_SOCKET_IFNAME=enp1s0f1np1"} <= set(environment)
+    # Every rank's lines in the head's log, each with its node's address: Ray's driver would fold rank 1's
+    # "TP rank 1" into rank 0's "TP rank 0 [repeated 2x across cluster]" (seen in a warm run).
+    assert "RAY_DEDUP_LOGS=0" in environment
+    assert "RAY_DEDUP_LOGS" not in multinode.node_environment(spark_pair("vllm")[1], 0)
 
 
 def test_with_ray_every_other_node_runs_ray_alone_joined_to_the_head() -> None:
