@@ -40,6 +40,8 @@ from sparkbuild.verify import multinode
 
 # Every node's container carries it: a second run finds the first by it.
 LABEL = "io.sparkbuild.cluster"
+# Every node's container is named so, then the run's ID and the rank (sparkbuild-cluster-ID-RANK).
+CONTAINER_PREFIX = "sparkbuild-cluster-"
 # Where the nodes meet on the head by default: vLLM's own --master-port; Ray's own head port.
 MASTER_PORT = {"vllm": 29501, "ray": 6379}
 
@@ -163,7 +165,7 @@ def start(cluster: Cluster, *, follow: bool = True) -> list[str]:
     nodes, layout = preflight(cluster)
     gpus = cluster.launch.gpus if cluster.launch.gpus is not None else launch.has_cuda(cluster.launch.image)
     entrypoint = entrypoint_of(cluster.launch.image) if layout.launch == "ray" else []
-    run_id = f"sparkbuild-cluster-{secrets.token_hex(4)}"
+    run_id = f"{CONTAINER_PREFIX}{secrets.token_hex(4)}"
     started: list[tuple[Node, str]] = []
     try:
         for rank, node in enumerate(nodes):

@@ -55,6 +55,8 @@ from sparkbuild.util.net import free_port, free_ports
 # This machine's cluster: every node on the loopback.
 LOOPBACK = "127.0.0.1"
 LOOPBACK_INTERFACE = "lo"
+# Every node's container is named so, then the cluster's token and the rank.
+CONTAINER_PREFIX = "sparkbuild-node-"
 # How often the watch looks at every node, and how long a failed request waits for it to see a node stop.
 WATCH_S = 0.5
 SETTLE_S = 10.0
@@ -467,7 +469,7 @@ def cluster(
                 place.engine.run(
                     place.image,
                     command,
-                    name=f"sparkbuild-node-{token}-{rank}",
+                    name=f"{CONTAINER_PREFIX}{token}-{rank}",
                     mounts=mounts,
                     caches=caches,
                     environment=environment,

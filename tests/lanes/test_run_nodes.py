@@ -34,8 +34,6 @@ from tests.support.images import Created
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-# The name run gives each node's container (sparkbuild/lanes/nodes.py): the containers "nothing starts" counts.
-CLUSTER = "sparkbuild-cluster-"
 VLLM = ["--", "--dtype", "float32", "--max-model-len", "128", "--enforce-eager", "--host", "127.0.0.1"]
 
 
@@ -129,7 +127,7 @@ def failing(args: list[str]) -> str:
 def test_a_node_ssh_cannot_reach_is_one_message_and_nothing_starts(
     engine: Engine, local_image: str, moe: Path, node: sshnode.SshNode, own: list[str]
 ) -> None:
-    with Created(engine, local_image, named=CLUSTER) as created:
+    with Created(engine, local_image, named=nodes.CONTAINER_PREFIX) as created:
         error = failing(run(local_image, moe, node, own, "--interface", "lo", host="unreachable"))
     assert "cannot reach unreachable over SSH" in error and "works here without a password" in error, error
     assert created.events == []
@@ -138,7 +136,7 @@ def test_a_node_ssh_cannot_reach_is_one_message_and_nothing_starts(
 def test_an_interface_a_node_lacks_is_one_message_and_nothing_starts(
     engine: Engine, local_image: str, moe: Path, node: sshnode.SshNode, own: list[str]
 ) -> None:
-    with Created(engine, local_image, named=CLUSTER) as created:
+    with Created(engine, local_image, named=nodes.CONTAINER_PREFIX) as created:
         error = failing(run(local_image, moe, node, own, "--interface", "nosuch0"))
     assert "--interface nosuch0: this machine has no IPv4 address on it" in error, error
     assert created.events == []
@@ -178,7 +176,7 @@ def test_a_second_run_on_the_same_nodes_is_refused_naming_the_first(
     names = done.stdout.split()
     try:
         assert sorted(names) == sorted(cluster_containers(engine))
-        with Created(engine, local_image, named=CLUSTER) as created:
+        with Created(engine, local_image, named=nodes.CONTAINER_PREFIX) as created:
             error = failing(run(local_image, moe, node, own, "--interface", "lo", *VLLM))
         assert "this machine already runs a sparkbuild cluster node" in error and names[0] in error, error
         assert created.events == []

@@ -64,9 +64,6 @@ from tests.support.images import Created, derived_image
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 CHECK = "moe-alphabet-2node"
-# The name verify gives each node's container (sparkbuild/verify/multinode.py): the containers "nothing
-# starts" counts (the other worker's tests make containers of the local image meanwhile).
-NODE = "sparkbuild-node-"
 
 
 def shipped() -> matrix.Check:
@@ -147,7 +144,10 @@ def other_build(engine: Engine, local_image: str, tmp_path_factory: pytest.TempP
 def test_a_node_of_another_build_is_refused_before_any_node_starts(
     engine: Engine, local_image: str, other_build: str, model: Path, tmp_path: Path
 ) -> None:
-    with Created(engine, local_image, other_build, named=NODE) as created, pytest.raises(VerifyError) as caught:
+    with (
+        Created(engine, local_image, other_build, named=multinode.CONTAINER_PREFIX) as created,
+        pytest.raises(VerifyError) as caught,
+    ):
         verify.serve_cluster(engine, local_image, shipped(), model, tmp_path / "verify.json", images=(local_image, other_build))
     ids = {image: engine.inspect(image)["Id"] for image in (local_image, other_build)}
     assert f"node 1 would run {other_build} ({ids[other_build]}) and the head {local_image} ({ids[local_image]})" in str(
@@ -164,7 +164,7 @@ def test_a_port_the_cluster_cannot_bind_is_refused_before_any_node_starts(
         held.listen()
         port = held.getsockname()[1]
         layout = multinode.loopback(2, master_port=port)
-        with Created(engine, local_image, named=NODE) as created, pytest.raises(VerifyError) as caught:
+        with Created(engine, local_image, named=multinode.CONTAINER_PREFIX) as created, pytest.raises(VerifyError) as caught:
             verify.serve_cluster(engine, local_image, shipped(), model, tmp_path / "verify.json", layout=layout)
     assert f"port {port} on 127.0.0.1, where the head meets its nodes (vLLM's --master-port), cannot be bound (in use)" in str(
         caught.value
@@ -183,7 +183,7 @@ def killer(engine: Engine) -> Iterator[tuple[multinode.Layout, threading.Thread]
         while not done.is_set():
             served = verify.served_requests(url)
             if served is not None and served >= KILL_AFTER:
-                for container in engine.client.containers.list(filters={"name": "sparkbuild-node-"}):
+                for container in engine.client.containers.list(filters={"name": multinode.CONTAINER_PREFIX}):
                     if container.name.endswith("-1") and f"{layout.master_port}" in container.attrs["Args"]:
                         container.kill()
                         return
@@ -224,7 +224,7 @@ def test_a_node_where_the_model_cannot_be_copied_is_refused_before_any_node_star
     """The node reads the weights itself: where its disk takes no copy (read-only here), nothing starts."""
     with (
         machine(engine, node_image, model, tmp_path / "node", "ro") as read_only,
-        Created(engine, local_image, named=NODE) as created,
+        Created(engine, local_image, named=multinode.CONTAINER_PREFIX) as created,
         pytest.raises(EngineError) as caught,
     ):
         verify.serve_cluster(engine, local_image, shipped(), model, tmp_path / "verify.json", peers=peers(read_only))
@@ -252,7 +252,7 @@ def test_a_node_without_the_image_and_no_digest_to_pull_it_by_is_refused_before_
     """The node's machine has its own engine, which has never seen the image; a local build names no digest
     (a nightly verifies by digest, and the node pulls it). Nothing starts on either machine."""
     node, its_engine = bare_node
-    with Created(engine, local_image, named=NODE) as created, pytest.raises(VerifyError) as caught:
+    with Created(engine, local_image, named=multinode.CONTAINER_PREFIX) as created, pytest.raises(VerifyError) as caught:
         verify.serve_cluster(engine, local_image, shipped(), model, tmp_path / "verify.json", peers=peers(node))
     error = str(caught.value)
     assert f"refused before serving: node 1 (on {node.host}) has no image {local_image}, and the reference names no digest" in (
@@ -265,7 +265,7 @@ def test_a_node_without_the_image_and_no_digest_to_pull_it_by_is_refused_before_
 def test_a_node_ssh_cannot_reach_is_refused_naming_it(
     engine: Engine, local_image: str, model: Path, node: sshnode.SshNode, tmp_path: Path
 ) -> None:
-    with Created(engine, local_image, named=NODE) as created, pytest.raises(EngineError) as caught:
+    with Created(engine, local_image, named=multinode.CONTAINER_PREFIX) as created, pytest.raises(EngineError) as caught:
         verify.serve_cluster(engine, local_image, shipped(), model, tmp_path / "verify.json", peers=peers(node, "unreachable"))
     assert "cannot reach unreachable over SSH" in str(caught.value) and "Connection refused" in str(caught.value)
     assert created.events == []
@@ -362,7 +362,7 @@ def test_a_node_whose_gpu_ray_does_not_see_fails_the_head_naming_it(
 def test_an_image_without_ray_is_refused_before_any_node_starts(
     engine: Engine, local_image: str, model: Path, tmp_path: Path
 ) -> None:
-    with Created(engine, local_image, named=NODE) as created, pytest.raises(VerifyError) as caught:
+    with Created(engine, local_image, named=multinode.CONTAINER_PREFIX) as created, pytest.raises(VerifyError) as caught:
         verify.serve_cluster(engine, local_image, with_ray(), model, tmp_path / "verify.json")
     error = str(caught.value)
     refused = "refused before serving: the check forms its cluster with Ray (multi_node: launch: ray)"
